@@ -1,0 +1,329 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/store"
+)
+
+// Claim is one claim of a round's input: the object as the caller listed it
+// (a typed CRD or *unstructured.Unstructured) and what it asks for, read by
+// the caller from its own API.
+type Claim struct {
+	// Object is the claim. Its namespace must be the pool's; its UID,
+	// resourceVersion, creation and deletion timestamps and annotations are
+	// read. It is never modified.
+	Object client.Object
+	// Want is the number of pods the claim wants to hold.
+	Want int
+	// Priority orders claims when the pool is short: higher first.
+	Priority int32
+}
+
+// Input is what a round works on: a pool, its pods and its claims, as the
+// caller lists them. A listing may come from a lagging informer cache.
+type Input struct {
+	// Pool names the pool. Its namespace is the namespace of all its pods
+	// and claims.
+	Pool types.NamespacedName
+	// Pods are all the pool's pods. A held pod missing from the list is
+	// reported lost.
+	Pods []corev1.Pod
+	// Claims are all the claims that reference the pool. A claim holding
+	// pods of the pool that is missing from the list (deleted, force-deleted,
+	// or moved to another pool) gives them all back through recycling.
+	Claims []Claim
+}
+
+// LostPod is a pod a claim holds that is missing from the pool's listing or
+// no longer ready.
+type LostPod struct {
+	Claim types.NamespacedName
+	UID   types.UID
+	Pod   string
+	// Missing is true when the pod is not in the listing, false when it is
+	// there but not ready.
+	Missing bool
+}
+
+// Result reports what a round did and what the pool looks like after it.
+type Result struct {
+	Pool types.NamespacedName
+	// Allocated lists pods handed out in this round, per claim; each one's
+	// record write succeeded.
+	Allocated []algorithm.Grant
+	// Released lists pods whose recycling finished and whose release was
+	// recorded in this round, per claim: they are free again.
+	Released []algorithm.Grant
+	// Recycling lists pods given back and not yet recycled, sorted.
+	Recycling []string
+	// Lost lists held pods that are missing or not ready.
+	Lost []LostPod
+	// Idle lists the ready pods no claim holds, sorted.
+	Idle []string
+	// Shortfall is how many more pods the pool must create to meet the
+	// demand of its live claims.
+	Shortfall int
+}
+
+// Allocator hands out the pods of pools to claims and records every
+// hand-out on the claims.
+//
+// It is safe for concurrent use. Rounds on one pool are serialized; rounds
+// on different pools run in parallel.
+type Allocator interface {
+	// Round plans and commits one allocation round for in.Pool. The first
+	// round of a pool rebuilds the pool's allocations from the claims'
+	// records. The Result is valid also when err is non-nil: err then says
+	// what did not happen (a claim whose write failed, a recycle that
+	// failed, a pool blocked by an unreadable record), and the caller
+	// should run another round later.
+	Round(ctx context.Context, in Input) (Result, error)
+
+	// ForgetPool drops everything known about a pool that was deleted. A
+	// pool created again under the same name starts empty. It waits for a
+	// round in progress on that pool to finish.
+	ForgetPool(pool types.NamespacedName) error
+
+	// Store returns the store the allocator keeps its index in.
+	Store() store.AllocationStore
+}
+
+// New returns the default Allocator. The client writes claims' records and
+// is used by the default syncer; it may be nil when WithSyncer is given.
+func New(c client.Client, opts ...Option) (Allocator, error) {
+	cfg, err := newConfig(c, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &defaultAllocator{
+		cfg:        cfg,
+		pools:      make(map[types.NamespacedName]*pool),
+		claimPools: make(map[types.UID]map[types.NamespacedName]struct{}),
+	}, nil
+}
+
+var _ Allocator = (*defaultAllocator)(nil)
+
+type defaultAllocator struct {
+	cfg *config
+
+	// mu guards pools and claimPools. It is taken after a pool's mu, never
+	// before, and held only for map access.
+	mu    sync.Mutex
+	pools map[types.NamespacedName]*pool
+	// claimPools records, for each claim holding pods, the pools they are
+	// in. A claim moved from pool A to pool B is served in B only when it
+	// holds nothing in A any more.
+	claimPools map[types.UID]map[types.NamespacedName]struct{}
+}
+
+func (a *defaultAllocator) Store() store.AllocationStore { return a.cfg.store }
+
+func (a *defaultAllocator) getPool(name types.NamespacedName) *pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[name]
+	if p == nil {
+		p = newPool(name)
+		a.pools[name] = p
+	}
+	return p
+}
+
+func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
+	a.mu.Lock()
+	p := a.pools[name]
+	a.mu.Unlock()
+	if p != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.claims {
+			if len(c.held) > 0 {
+				a.setHolds(c.uid, name, false)
+			}
+		}
+	}
+	if err := a.cfg.store.DeletePool(name); err != nil {
+		return fmt.Errorf("pool %s: forget: %w", name, err)
+	}
+	a.mu.Lock()
+	delete(a.pools, name)
+	a.mu.Unlock()
+	return nil
+}
+
+// setHolds records whether claim uid holds pods in pool.
+func (a *defaultAllocator) setHolds(uid types.UID, name types.NamespacedName, holds bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.claimPools[uid]
+	if holds {
+		if m == nil {
+			m = make(map[types.NamespacedName]struct{}, 1)
+			a.claimPools[uid] = m
+		}
+		m[name] = struct{}{}
+		return
+	}
+	delete(m, name)
+	if len(m) == 0 {
+		delete(a.claimPools, uid)
+	}
+}
+
+// heldElsewhere returns a pool other than name where claim uid holds pods.
+func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for other := range a.claimPools[uid] {
+		if other != name {
+			return other, true
+		}
+	}
+	return types.NamespacedName{}, false
+}
+
+// pool is the allocator's state for one pool. mu serializes rounds on the
+// pool and guards every field.
+type pool struct {
+	name types.NamespacedName
+
+	mu sync.Mutex
+	// recovered is set once the pool's allocations were rebuilt from the
+	// claims' records.
+	recovered bool
+	// gen counts rounds; objects seen in a round carry its gen.
+	gen  uint64
+	pods map[string]*podInfo
+	// free holds the candidates: present, ready, unheld, not reserved
+	// pods. Order is arbitrary but deterministic given the history; each
+	// podInfo knows its index for O(1) removal.
+	free   []algorithm.Candidate
+	claims map[types.UID]*claimInfo
+}
+
+func newPool(name types.NamespacedName) *pool {
+	return &pool{
+		name:   name,
+		pods:   make(map[string]*podInfo),
+		claims: make(map[types.UID]*claimInfo),
+	}
+}
+
+// podInfo is what the pool knows of a pod: from the listing, and whether a
+// claim holds it (a mirror of the store, kept in step with it).
+type podInfo struct {
+	name, node, zone string
+	rv               string
+	present, ready   bool
+	seen             uint64
+	// holder is the claim holding the pod, nil when free.
+	holder *claimInfo
+	// recycling is set while the pod is given back and not yet released;
+	// recycled once the recycler reported it done, so that a failed
+	// release write does not recycle it twice.
+	recycling, recycled bool
+	// reservedBy is set while a write that may have handed the pod to that
+	// claim has an unknown outcome: the pod is not a candidate until the
+	// outcome is settled, no earlier than reservedUntil.
+	reservedBy    *claimInfo
+	reservedUntil time.Time
+	freeIdx       int
+}
+
+func (p *pool) candidate(pi *podInfo) bool {
+	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil
+}
+
+// refreshFree puts pi in or out of the free list to match candidate().
+func (p *pool) refreshFree(pi *podInfo) {
+	want := p.candidate(pi)
+	switch {
+	case want && pi.freeIdx < 0:
+		pi.freeIdx = len(p.free)
+		p.free = append(p.free, algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone})
+	case want:
+		p.free[pi.freeIdx] = algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone}
+	case !want && pi.freeIdx >= 0:
+		last := len(p.free) - 1
+		moved := p.free[last]
+		p.free[pi.freeIdx] = moved
+		p.pods[moved.Name].freeIdx = pi.freeIdx
+		p.free = p.free[:last]
+		pi.freeIdx = -1
+	}
+}
+
+// claimInfo is what the pool knows of a claim.
+type claimInfo struct {
+	uid  types.UID
+	name types.NamespacedName
+	// obj is the newest version of the claim known: from the listing, a
+	// write, or a live read. Writes are based on it.
+	obj client.Object
+	// rvs are resourceVersions already processed, newest last. A listed
+	// object with one of them is unchanged or older than obj: its record is
+	// not decoded again.
+	rvs []string
+
+	want        int
+	priority    int32
+	created     time.Time
+	terminating bool
+	seen        uint64
+	// listed is whether the claim was in the latest listing of this pool.
+	listed bool
+
+	// held are the pods the claim holds in this pool: a mirror of the
+	// store.
+	held map[string]*podInfo
+	// release is the owner's release list, as last decoded.
+	release []string
+	// released is the released list as last written or read.
+	released []string
+	// consumed holds entries of release already honoured while the owner
+	// still lists them: a pod handed back to the same claim later is not
+	// released again on the strength of the old entry.
+	consumed map[string]struct{}
+	// recycling counts the held pods being recycled.
+	recycling int
+	// untrusted is set when the claim's record lists pods it does not hold.
+	untrusted error
+}
+
+const maxRVs = 4
+
+func (c *claimInfo) sawRV(rv string) bool { return slices.Contains(c.rvs, rv) }
+
+func (c *claimInfo) addRV(rv string) {
+	if rv == "" || c.sawRV(rv) {
+		return
+	}
+	if len(c.rvs) == maxRVs {
+		copy(c.rvs, c.rvs[1:])
+		c.rvs = c.rvs[:maxRVs-1]
+	}
+	c.rvs = append(c.rvs, rv)
+}
+
+func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }
+
+// heldNames returns the claim's held pods, sorted.
+func (c *claimInfo) heldNames() []string {
+	out := make([]string, 0, len(c.held))
+	for n := range c.held {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}

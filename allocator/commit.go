@@ -1,0 +1,351 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// write is one claim's record change in a round, and its outcome.
+type write struct {
+	ci   *claimInfo
+	add  []string // pods handed to the claim
+	done []string // pods whose recycling finished
+	drop []string // held pods that no longer exist (WithReplaceLost)
+
+	// Outcome, set by do and read by apply.
+	obj     client.Object // the claim as stored after the write
+	fresh   client.Object // a newer claim read live along the way
+	rec     syncer.Record // what was written
+	gone    bool          // the claim no longer exists
+	unknown bool          // the write may or may not have landed
+	err     error
+}
+
+// commit writes every changed claim, concurrently, then applies the
+// outcomes to the store and the pool in one place.
+func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
+	p := r.p
+	byClaim := make(map[*claimInfo]*write)
+	get := func(ci *claimInfo) *write {
+		w := byClaim[ci]
+		if w == nil {
+			w = &write{ci: ci}
+			byClaim[ci] = w
+		}
+		return w
+	}
+	for _, g := range allocs {
+		get(p.claims[g.UID]).add = g.Pods
+	}
+	for ci, pods := range done {
+		get(ci).done = pods
+	}
+	for _, ci := range p.claims {
+		if r.a.cfg.replaceLost && ci.listed {
+			for name, pi := range ci.held {
+				if !pi.present && !pi.recycling {
+					get(ci).drop = append(get(ci).drop, name)
+				}
+			}
+		}
+		// A terminating claim that holds nothing but still carries the
+		// finalizer (a removal that failed, or a restart) gets it removed.
+		if ci.listed && ci.terminating && len(ci.held) == 0 && r.a.cfg.syncer.HasFinalizer(ci.obj) {
+			get(ci)
+		}
+	}
+	writes := make([]*write, 0, len(byClaim))
+	for _, w := range byClaim {
+		writes = append(writes, w)
+	}
+	slices.SortFunc(writes, func(x, y *write) int { return compareNames(x.ci, y.ci) })
+	r.parallel(len(writes), func(i int) { r.do(writes[i]) })
+	for _, w := range writes {
+		r.apply(w)
+	}
+}
+
+func compareNames(x, y *claimInfo) int {
+	switch {
+	case x.name.String() < y.name.String():
+		return -1
+	case x.name.String() > y.name.String():
+		return 1
+	case x.uid < y.uid:
+		return -1
+	case x.uid > y.uid:
+		return 1
+	}
+	return 0
+}
+
+// desired is the record and finalizer state w asks for, given base, the
+// claim version the write is based on. The pods come from the allocator's
+// own view (the store), never from base's record, so a tampered record is
+// overwritten rather than trusted; only the owner's release list is read
+// from base.
+func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
+	ci := w.ci
+	release := ci.release
+	if base != ci.obj {
+		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
+			release = rec.Release
+		}
+	}
+	gone := make(map[string]struct{}, len(w.done)+len(w.drop))
+	for _, p := range w.done {
+		gone[p] = struct{}{}
+	}
+	for _, p := range w.drop {
+		gone[p] = struct{}{}
+	}
+	allocated := make([]string, 0, len(ci.held)+len(w.add))
+	for name := range ci.held {
+		if _, ok := gone[name]; !ok {
+			allocated = append(allocated, name)
+		}
+	}
+	allocated = append(allocated, w.add...)
+	slices.Sort(allocated)
+
+	// Released keeps the pods the owner still lists in release, so the
+	// owner can see they are done; a pod handed out again leaves it.
+	var released []string
+	for _, p := range ci.released {
+		if slices.Contains(release, p) && !slices.Contains(w.add, p) {
+			released = append(released, p)
+		}
+	}
+	for _, p := range w.done {
+		if !slices.Contains(released, p) {
+			released = append(released, p)
+		}
+	}
+	slices.Sort(released)
+	stillRecycling := ci.recycling - len(w.done)
+	return syncer.Record{Allocated: allocated, Release: release, Released: released},
+		len(allocated) > 0 || stillRecycling > 0
+}
+
+// do performs w's write. It runs concurrently with other claims' writes and
+// touches nothing shared: the outcome is applied by apply.
+func (r *round) do(w *write) {
+	s := r.a.cfg.syncer
+	base := w.ci.obj
+	if !w.ci.listed {
+		// Not in the listing: it may be gone or moved; ask the server.
+		live, err := r.live(w.ci, base)
+		if apierrors.IsNotFound(err) {
+			w.gone = true
+			return
+		}
+		if err != nil {
+			w.err = fmt.Errorf("read claim: %w", err)
+			return
+		}
+		base, w.fresh = live, live
+	}
+	for attempt := 0; ; attempt++ {
+		if base.GetDeletionTimestamp() != nil {
+			w.add = nil // I8: a terminating claim gets nothing new
+		}
+		rec, fin := r.desired(w, base)
+		if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && fin == s.HasFinalizer(base) {
+			w.obj = base
+			w.rec = rec
+			return
+		}
+		obj, err := s.Write(r.ctx, base, rec, fin)
+		if err == nil {
+			w.obj, w.rec = obj, rec
+			return
+		}
+		if apierrors.IsNotFound(err) {
+			w.gone = true
+			return
+		}
+		if apierrors.IsConflict(err) && attempt == 0 {
+			// Our copy was stale (informer lag or the owner's edit):
+			// read it live and try once more on the fresh version.
+			live, gerr := r.live(w.ci, base)
+			if apierrors.IsNotFound(gerr) {
+				w.gone = true
+				return
+			}
+			if gerr != nil {
+				w.err = err
+				return
+			}
+			base, w.fresh = live, live
+			continue
+		}
+		w.err = err
+		if definite(err) {
+			return
+		}
+		// The write may have landed. Read it back: if the claim shows
+		// the new record, it did. Otherwise the request may still be in
+		// flight, so the new pods are quarantined, not freed.
+		live, gerr := r.live(w.ci, base)
+		if gerr == nil {
+			w.fresh = live
+			if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), rec.Allocated) {
+				w.obj, w.rec, w.err = live, rec, nil
+				return
+			}
+		}
+		w.unknown = true
+		return
+	}
+}
+
+// live reads claim ci from the API server. A claim of the same name with
+// another UID is a different claim: ci is then NotFound.
+func (r *round) live(ci *claimInfo, base client.Object) (client.Object, error) {
+	obj, err := r.a.cfg.syncer.Get(r.ctx, base)
+	if err != nil {
+		return nil, err
+	}
+	if obj.GetUID() != ci.uid {
+		gr := obj.GetObjectKind().GroupVersionKind().GroupKind()
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: gr.Group, Resource: gr.Kind}, ci.name.Name)
+	}
+	return obj, nil
+}
+
+// definite reports whether err proves the write did not land.
+func definite(err error) bool {
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err), apierrors.IsInvalid(err),
+		apierrors.IsForbidden(err), apierrors.IsUnauthorized(err), apierrors.IsBadRequest(err),
+		apierrors.IsRequestEntityTooLargeError(err), apierrors.IsMethodNotSupported(err):
+		return true
+	}
+	var recErr *syncer.RecordError
+	return errors.As(err, &recErr)
+}
+
+func sortedCopy(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}
+
+// apply brings the store and the pool in line with w's outcome. Only a
+// durable write changes the store (I4).
+func (r *round) apply(w *write) {
+	ci, st, p := w.ci, r.a.cfg.store, r.p
+	if w.fresh != nil && w.obj == nil {
+		ci.obj = w.fresh
+		ci.addRV(w.fresh.GetResourceVersion())
+		if w.fresh.GetDeletionTimestamp() != nil {
+			ci.terminating = true
+		}
+	}
+	for _, name := range w.done {
+		ci.held[name].recycled = true
+	}
+	switch {
+	case w.gone:
+		// Nothing durable is left to change: recycled pods are free; the
+		// rest are given back through recycling next round.
+		if len(w.done) > 0 {
+			if err := st.Free(p.name, ci.uid, w.done); err != nil {
+				r.errs = append(r.errs, r.claimErr(ci, err))
+				return
+			}
+			for _, name := range w.done {
+				r.unhold(ci, name)
+			}
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
+		}
+		ci.listed = false
+	case w.err != nil:
+		r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: %w", ErrWrite, w.err)))
+		if w.unknown {
+			for _, name := range w.add {
+				pi := p.pods[name]
+				pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+				p.refreshFree(pi)
+			}
+		}
+	default:
+		ci.obj = w.obj
+		ci.addRV(w.obj.GetResourceVersion())
+		if w.obj.GetDeletionTimestamp() != nil {
+			ci.terminating = true
+		}
+		ci.released = w.rec.Released
+		ci.setRelease(w.rec.Release)
+		for _, name := range w.done {
+			if slices.Contains(ci.release, name) {
+				if ci.consumed == nil {
+					ci.consumed = make(map[string]struct{})
+				}
+				ci.consumed[name] = struct{}{}
+			}
+		}
+		free := append(slices.Clone(w.done), w.drop...)
+		if len(free) > 0 {
+			if err := st.Free(p.name, ci.uid, free); err != nil {
+				r.errs = append(r.errs, r.claimErr(ci, err))
+				return
+			}
+			for _, name := range free {
+				r.unhold(ci, name)
+			}
+		}
+		if len(w.done) > 0 {
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
+		}
+		if len(w.add) > 0 {
+			if err := st.Allocate(p.name, ci.holder(), w.add); err != nil {
+				r.errs = append(r.errs, r.claimErr(ci, err))
+				return
+			}
+			for _, name := range w.add {
+				r.hold(ci, name)
+			}
+			r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
+		}
+		r.a.setHolds(ci.uid, p.name, len(ci.held) > 0)
+		ci.untrusted = nil
+	}
+}
+
+// report fills the parts of the result that describe the pool.
+func (r *round) report() {
+	res := r.res
+	res.Recycling, res.Lost, res.Idle = nil, nil, nil
+	for _, c := range r.p.free {
+		res.Idle = append(res.Idle, c.Name)
+	}
+	for _, ci := range r.p.claims {
+		for name, pi := range ci.held {
+			if pi.recycling {
+				res.Recycling = append(res.Recycling, name)
+			} else if !pi.present || !pi.ready {
+				res.Lost = append(res.Lost, LostPod{Claim: ci.name, UID: ci.uid, Pod: name, Missing: !pi.present})
+			}
+		}
+	}
+	slices.Sort(res.Idle)
+	slices.Sort(res.Recycling)
+	slices.SortFunc(res.Lost, func(x, y LostPod) int {
+		if x.Pod < y.Pod {
+			return -1
+		}
+		if x.Pod > y.Pod {
+			return 1
+		}
+		return 0
+	})
+}

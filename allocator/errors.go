@@ -1,0 +1,56 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Errors returned by New and by Allocator methods, wrapped with the object
+// they concern. Match them with errors.Is; use errors.As with *ClaimError
+// for the claim's name.
+var (
+	// ErrInvalidOption: New was given an option it cannot use (a nil
+	// store, syncer or algorithm, a non-positive write concurrency, keys
+	// together with a custom syncer, ...).
+	ErrInvalidOption = errors.New("invalid option")
+	// ErrInvalidInput: a round's input is unusable as a whole: an empty
+	// pool name, a nil claim object, a claim or pod of another namespace,
+	// a claim or pod listed twice, a negative Want. Nothing was changed.
+	ErrInvalidInput = errors.New("invalid round input")
+	// ErrPoolBlocked: the pool fails closed because a claim's record
+	// cannot be trusted (see the wrapped *ClaimError). No pod of the pool
+	// is allocated or released until the record is fixed; other pools are
+	// not affected.
+	ErrPoolBlocked = errors.New("pool blocked")
+	// ErrPlan: the algorithm returned an error or an action that breaks its
+	// contract (a pod that is not a candidate, a pod twice, a release of a
+	// pod the claim does not hold). Nothing was committed.
+	ErrPlan = errors.New("algorithm plan rejected")
+	// ErrWrite: a claim's record could not be written. Its pods are as
+	// they were on the API server and in the store; the next round retries.
+	ErrWrite = errors.New("record write failed")
+	// ErrRecycle: the recycle hook failed for a pod. The pod stays held by
+	// its claim and is offered to the hook again next round.
+	ErrRecycle = errors.New("recycle failed")
+	// ErrUntrustedRecord: a claim's record lists pods the allocator never
+	// gave it (for example, edited by hand after the allocator recovered).
+	// Those pods are not handed to it, and the next write of its record
+	// drops them.
+	ErrUntrustedRecord = errors.New("record lists pods the claim does not hold")
+)
+
+// ClaimError is an error about one claim. It matches the sentinel in Err.
+type ClaimError struct {
+	Pool  types.NamespacedName
+	Claim types.NamespacedName
+	UID   types.UID
+	Err   error
+}
+
+func (e *ClaimError) Error() string {
+	return fmt.Sprintf("pool %s: claim %s: %v", e.Pool, e.Claim, e.Err)
+}
+
+func (e *ClaimError) Unwrap() error { return e.Err }

@@ -1,0 +1,734 @@
+package allocator_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+// fixture is one test's namespace on the real API server.
+type fixture struct {
+	t    *testing.T
+	ctx  context.Context
+	c    client.Client
+	ns   string
+	keys syncer.Keys
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	return &fixture{t: t, ctx: ctx, c: env.Client, ns: env.Namespace(ctx, t), keys: syncer.DefaultKeys()}
+}
+
+func (f *fixture) pool(name string, pods int) types.NamespacedName {
+	f.t.Helper()
+	_, err := testenv.CreatePods(f.ctx, f.c, f.ns, name, pods, true)
+	require.NoError(f.t, err)
+	return types.NamespacedName{Namespace: f.ns, Name: name}
+}
+
+func (f *fixture) claim(name, pool string, want int32) *testenv.Claim {
+	f.t.Helper()
+	c := testenv.NewClaim(f.ns, name, pool, want)
+	require.NoError(f.t, f.c.Create(f.ctx, c))
+	return c
+}
+
+func (f *fixture) alloc(opts ...allocator.Option) allocator.Allocator {
+	f.t.Helper()
+	a, err := allocator.New(f.c, opts...)
+	require.NoError(f.t, err)
+	return a
+}
+
+func (f *fixture) round(a allocator.Allocator, pool types.NamespacedName) allocator.Result {
+	f.t.Helper()
+	res, err := world.Round(f.ctx, a, f.c, pool)
+	require.NoError(f.t, err)
+	return res
+}
+
+func (f *fixture) get(name string) *testenv.Claim {
+	f.t.Helper()
+	c := &testenv.Claim{}
+	require.NoError(f.t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, c))
+	return c
+}
+
+func (f *fixture) gone(name string) bool {
+	err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, &testenv.Claim{})
+	return apierrors.IsNotFound(err)
+}
+
+// held returns the pods the claim's record on the server says it holds.
+func (f *fixture) held(name string) []string {
+	f.t.Helper()
+	s, err := syncer.NewAnnotationSyncer(f.c, f.keys)
+	require.NoError(f.t, err)
+	rec, err := s.Read(f.get(name))
+	require.NoError(f.t, err)
+	h := rec.Held()
+	slices.Sort(h)
+	return h
+}
+
+func (f *fixture) setAnnotation(name, key, value string) {
+	f.t.Helper()
+	c := f.get(name)
+	patch := client.MergeFrom(c.DeepCopy())
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	c.Annotations[key] = value
+	require.NoError(f.t, f.c.Patch(f.ctx, c, patch))
+}
+
+func (f *fixture) release(name string, pods ...string) {
+	f.t.Helper()
+	v, err := syncer.EncodePods(pods)
+	require.NoError(f.t, err)
+	f.setAnnotation(name, f.keys.Release, v)
+}
+
+func (f *fixture) scale(name string, want int32) {
+	f.t.Helper()
+	c := f.get(name)
+	c.Spec.Replicas = want
+	require.NoError(f.t, f.c.Update(f.ctx, c))
+}
+
+func (f *fixture) snapshot(a allocator.Allocator, pool types.NamespacedName) map[string]string {
+	f.t.Helper()
+	snap, err := a.Store().Snapshot(pool)
+	require.NoError(f.t, err)
+	out := make(map[string]string, len(snap))
+	for pod, h := range snap {
+		out[pod] = h.Claim.Name
+	}
+	return out
+}
+
+func grantsTo(res allocator.Result, claim string) []string {
+	for _, g := range res.Allocated {
+		if g.Claim.Name == claim {
+			return g.Pods
+		}
+	}
+	return nil
+}
+
+func TestNewClaimGetsPodsAndFinalizer(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+
+	res := f.round(a, pool)
+	require.Len(t, grantsTo(res, "c"), 2)
+	require.Len(t, f.held("c"), 2)
+	require.True(t, controllerutil.ContainsFinalizer(f.get("c"), f.keys.Finalizer))
+	require.Len(t, res.Idle, 1)
+	require.Zero(t, res.Shortfall)
+	require.Equal(t, f.held("c"), mapKeys(f.snapshot(a, pool)))
+
+	// A second round changes nothing: no extra pod, no write.
+	rv := f.get("c").ResourceVersion
+	res = f.round(a, pool)
+	require.Empty(t, res.Allocated)
+	require.Equal(t, rv, f.get("c").ResourceVersion)
+}
+
+func mapKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestShortPoolAllocatesPartiallyAndReportsShortfall(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	a := f.alloc()
+	f.claim("c", "p", 5)
+
+	res := f.round(a, pool)
+	require.Len(t, f.held("c"), 2)
+	require.Equal(t, 3, res.Shortfall)
+
+	// The pool grows: the claim is topped up.
+	_, err := testenv.CreatePods(f.ctx, f.c, f.ns, "q", 3, true) // pods named q-*, relabelled below
+	require.NoError(t, err)
+	for _, n := range []string{"q-0", "q-1", "q-2"} {
+		pod := &corev1.Pod{}
+		require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: n}, pod))
+		pod.Labels[testenv.PoolLabel] = "p"
+		require.NoError(t, f.c.Update(f.ctx, pod))
+	}
+	res = f.round(a, pool)
+	require.Len(t, f.held("c"), 5)
+	require.Zero(t, res.Shortfall)
+}
+
+func TestScaleUpAndDown(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 4)
+	a := f.alloc()
+	f.claim("c", "p", 1)
+	f.round(a, pool)
+	require.Len(t, f.held("c"), 1)
+
+	f.scale("c", 3)
+	f.round(a, pool)
+	require.Len(t, f.held("c"), 3)
+
+	// Scale down: the surplus is released (recycled, then recorded), not
+	// kept forever.
+	f.scale("c", 1)
+	res := f.round(a, pool)
+	require.Len(t, f.held("c"), 1)
+	require.Len(t, res.Released, 1)
+	require.Len(t, res.Released[0].Pods, 2)
+	require.Len(t, res.Idle, 3)
+	require.Len(t, f.snapshot(a, pool), 1)
+}
+
+func TestReleaseRequestHonouredOnlyForHeldPods(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 4)
+	// Recycling takes a round: the first call starts it, the next finishes.
+	var calls sync.Map
+	recycler := func(_ context.Context, _ types.NamespacedName, pod string) (bool, error) {
+		_, again := calls.LoadOrStore(pod, true)
+		return again, nil
+	}
+	a := f.alloc(allocator.WithRecycler(recycler))
+	f.claim("a", "p", 2)
+	f.claim("b", "p", 1)
+	f.round(a, pool)
+	heldA, heldB := f.held("a"), f.held("b")
+	require.Len(t, heldA, 2)
+	require.Len(t, heldB, 1)
+
+	// a gives back one of its pods, and also names b's pod and a pod of no
+	// one: only its own pod is released.
+	f.release("a", heldA[0], heldB[0], "p-nonexistent")
+	res := f.round(a, pool)
+	require.Equal(t, []string{heldA[0]}, res.Recycling)
+	require.Contains(t, f.held("a"), heldA[0], "nothing is released before recycling finished")
+	require.Len(t, f.held("a"), 3, "a wants 2 unreleased pods, so it gets a replacement at once")
+	res = f.round(a, pool)
+	require.Equal(t, heldB, f.held("b"))
+	require.NotContains(t, f.held("a"), heldA[0])
+	require.Len(t, f.held("a"), 2, "a wants 2, so the released pod is replaced")
+	rec, err := mustSyncer(t, f).Read(f.get("a"))
+	require.NoError(t, err)
+	require.Equal(t, []string{heldA[0]}, rec.Released)
+	require.Empty(t, res.Recycling)
+}
+
+func mustSyncer(t *testing.T, f *fixture) *syncer.AnnotationSyncer {
+	s, err := syncer.NewAnnotationSyncer(f.c, f.keys)
+	require.NoError(t, err)
+	return s
+}
+
+func TestTerminatingClaimReleasesEverythingThenLosesFinalizer(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	c := f.claim("c", "p", 2)
+	f.round(a, pool)
+	// Another controller's finalizer must survive ours.
+	c = f.get("c")
+	controllerutil.AddFinalizer(c, "example.com/other")
+	require.NoError(t, f.c.Update(f.ctx, c))
+	require.NoError(t, f.c.Delete(f.ctx, c))
+	// While terminating, it asks for more: it gets nothing new.
+	f.scale("c", 3)
+
+	res := f.round(a, pool)
+	require.Empty(t, res.Allocated)
+	require.Empty(t, f.held("c"))
+	got := f.get("c")
+	require.NotNil(t, got.DeletionTimestamp)
+	require.Equal(t, []string{"example.com/other"}, got.Finalizers)
+	require.Len(t, res.Idle, 3)
+	require.Empty(t, f.snapshot(a, pool))
+}
+
+func TestForceDeletedClaimPodsRecycledNeverHandedOutDirty(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	var allow atomic.Bool
+	recycled := make(chan string, 8)
+	recycler := func(_ context.Context, _ types.NamespacedName, pod string) (bool, error) {
+		if !allow.Load() {
+			return false, nil
+		}
+		recycled <- pod
+		return true, nil
+	}
+	a := f.alloc(allocator.WithRecycler(recycler))
+	f.claim("old", "p", 2)
+	f.round(a, pool)
+
+	// Force-delete: strip finalizers, then delete.
+	c := f.get("old")
+	c.Finalizers = nil
+	require.NoError(t, f.c.Update(f.ctx, c))
+	require.NoError(t, f.c.Delete(f.ctx, c))
+	require.True(t, f.gone("old"))
+	f.claim("new", "p", 2)
+
+	// Until recycling finishes, the new claim gets nothing.
+	for range 2 {
+		res := f.round(a, pool)
+		require.Empty(t, f.held("new"))
+		require.Len(t, res.Recycling, 2)
+		require.Equal(t, 2, res.Shortfall)
+	}
+	allow.Store(true)
+	f.round(a, pool) // recycled and freed
+	f.round(a, pool) // handed to new
+	require.Len(t, recycled, 2)
+	require.Len(t, f.held("new"), 2)
+}
+
+func TestLostPodsReportedAndReplacedOnRequest(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "report", true: "replace"}[replace], func(t *testing.T) {
+			f := newFixture(t)
+			pool := f.pool("p", 4)
+			a := f.alloc(allocator.WithReplaceLost(replace))
+			f.claim("c", "p", 2)
+			f.round(a, pool)
+			held := f.held("c")
+
+			// One held pod disappears, the other becomes unready.
+			require.NoError(t, f.c.Delete(f.ctx, &corev1.Pod{ObjectMeta: objMeta(f.ns, held[0])}, client.GracePeriodSeconds(0)))
+			pod := &corev1.Pod{}
+			require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: held[1]}, pod))
+			require.NoError(t, testenv.SetPodReady(f.ctx, f.c, pod, false))
+
+			res := f.round(a, pool)
+			if !replace {
+				require.ElementsMatch(t, []allocator.LostPod{
+					{Claim: types.NamespacedName{Namespace: f.ns, Name: "c"}, UID: f.get("c").UID, Pod: held[0], Missing: true},
+					{Claim: types.NamespacedName{Namespace: f.ns, Name: "c"}, UID: f.get("c").UID, Pod: held[1], Missing: false},
+				}, res.Lost)
+				require.Equal(t, held, f.held("c"))
+				return
+			}
+			res = f.round(a, pool) // the unready pod's release is recorded; replacements follow
+			res = f.round(a, pool)
+			now := f.held("c")
+			require.Len(t, now, 2)
+			require.NotContains(t, now, held[0])
+			require.NotContains(t, now, held[1])
+			require.Empty(t, res.Lost)
+		})
+	}
+}
+
+func TestClaimMovedToAnotherPool(t *testing.T) {
+	f := newFixture(t)
+	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
+	a := f.alloc()
+	f.claim("c", "p1", 2)
+	f.round(a, p1)
+	old := f.held("c")
+	require.Len(t, old, 2)
+
+	c := f.get("c")
+	c.Spec.PoolRef = "p2"
+	require.NoError(t, f.c.Update(f.ctx, c))
+	// p2 serves it only once p1 has taken its pods back.
+	res := f.round(a, p2)
+	require.Empty(t, res.Allocated)
+	require.Equal(t, 2, res.Shortfall)
+	res = f.round(a, p1)
+	require.Len(t, res.Released, 1)
+	require.Len(t, res.Idle, 2)
+	f.round(a, p2)
+	now := f.held("c")
+	require.Len(t, now, 2)
+	for _, p := range now {
+		require.Contains(t, p, "p2-")
+	}
+	require.Empty(t, f.snapshot(a, p1))
+}
+
+func TestPoolDeletedAndRecreatedStartsEmpty(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+	f.round(a, pool)
+	require.Len(t, f.snapshot(a, pool), 2)
+
+	// The pool goes away with its pods and claims.
+	c := f.get("c")
+	c.Finalizers = nil
+	require.NoError(t, f.c.Update(f.ctx, c))
+	require.NoError(t, f.c.Delete(f.ctx, c))
+	require.NoError(t, f.c.DeleteAllOf(f.ctx, &corev1.Pod{}, client.InNamespace(f.ns), client.GracePeriodSeconds(0)))
+	require.NoError(t, a.ForgetPool(pool))
+	require.Empty(t, f.snapshot(a, pool))
+
+	// Recreated under the same name, with pods of the same names.
+	f.pool("p", 2)
+	f.claim("c2", "p", 1)
+	res := f.round(a, pool)
+	require.Len(t, f.held("c2"), 1)
+	require.Len(t, res.Idle, 1)
+}
+
+func TestSamePoolNameInTwoNamespacesIsolated(t *testing.T) {
+	f1, f2 := newFixture(t), newFixture(t)
+	pool1, pool2 := f1.pool("p", 2), f2.pool("p", 2)
+	a := f1.alloc()
+	f1.claim("c", "p", 2)
+	f2.claim("c", "p", 1)
+	f1.round(a, pool1)
+	f2.round(a, pool2)
+	require.Len(t, f1.snapshot(a, pool1), 2)
+	require.Len(t, f2.snapshot(a, pool2), 1)
+	require.NoError(t, a.ForgetPool(pool1))
+	require.Len(t, f2.snapshot(a, pool2), 1)
+}
+
+func TestTypedAndUnstructuredClaims(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 4)
+	a := f.alloc()
+	f.claim("typed", "p", 1)
+	u := testenv.NewUnstructuredClaim(f.ns, "untyped", "p", 2)
+	require.NoError(t, f.c.Create(f.ctx, u))
+
+	in, err := world.UnstructuredInput(f.ctx, f.c, pool)
+	require.NoError(t, err)
+	_, err = a.Round(f.ctx, in)
+	require.NoError(t, err)
+	require.Len(t, f.held("typed"), 1)
+	require.Len(t, f.held("untyped"), 2)
+	// The same claims listed typed are recognised, not allocated again.
+	res := f.round(a, pool)
+	require.Empty(t, res.Allocated)
+}
+
+func TestClaimRecreatedUnderSameNameInheritsNothing(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+	f.round(a, pool)
+	old := f.held("c")
+
+	c := f.get("c")
+	c.Finalizers = nil
+	require.NoError(t, f.c.Update(f.ctx, c))
+	require.NoError(t, f.c.Delete(f.ctx, c))
+	f.claim("c", "p", 1)
+	f.round(a, pool) // old claim's pods recycled (no-op) and freed
+	f.round(a, pool)
+	now := f.held("c")
+	require.Len(t, now, 1)
+	snap, err := a.Store().Snapshot(pool)
+	require.NoError(t, err)
+	require.Len(t, snap, 1)
+	for _, h := range snap {
+		require.Equal(t, f.get("c").UID, h.UID)
+	}
+	_ = old
+}
+
+func TestRecoveryRebuildsExactly(t *testing.T) {
+	for _, keys := range []syncer.Keys{syncer.DefaultKeys(), syncer.OpenSandboxKeys()} {
+		t.Run(keys.Finalizer, func(t *testing.T) {
+			f := newFixture(t)
+			f.keys = keys
+			pool := f.pool("p", 6)
+			a := f.alloc(allocator.WithKeys(keys))
+			f.claim("a", "p", 2)
+			f.claim("b", "p", 3)
+			f.round(a, pool)
+			f.scale("b", 1)
+			f.round(a, pool)
+			before := f.snapshot(a, pool)
+			require.Len(t, before, 3)
+
+			b := f.alloc(allocator.WithKeys(keys))
+			res := f.round(b, pool)
+			require.Empty(t, res.Allocated)
+			require.Equal(t, before, f.snapshot(b, pool))
+		})
+	}
+}
+
+func TestRecoveryAfterAPIServerRestart(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+	f.round(a, pool)
+	before := f.snapshot(a, pool)
+	require.NoError(t, env.RestartAPIServer(f.ctx))
+	b := f.alloc()
+	f.round(b, pool)
+	require.Equal(t, before, f.snapshot(b, pool))
+}
+
+func TestOpenSandboxRecordRecovered(t *testing.T) {
+	// A claim written by OpenSandbox's controller: its exact annotations.
+	f := newFixture(t)
+	f.keys = syncer.OpenSandboxKeys()
+	pool := f.pool("p", 3)
+	c := testenv.NewClaim(f.ns, "sbx", "p", 2)
+	c.Annotations = map[string]string{
+		"sandbox.opensandbox.io/alloc-status":   `{"pods":["p-0","p-2"]}`,
+		"sandbox.opensandbox.io/alloc-released": `{"pods":["p-2"]}`,
+	}
+	c.Finalizers = []string{"pool.sandbox.opensandbox.io/pool-allocation"}
+	require.NoError(t, f.c.Create(f.ctx, c))
+	f.scale("sbx", 1)
+
+	a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()))
+	res := f.round(a, pool)
+	require.Empty(t, res.Allocated, "it holds p-0 and wants 1")
+	require.Equal(t, map[string]string{"p-0": "sbx"}, f.snapshot(a, pool))
+	require.ElementsMatch(t, []string{"p-1", "p-2"}, res.Idle)
+}
+
+func TestUnreadableRecordBlocksOnlyItsPool(t *testing.T) {
+	f := newFixture(t)
+	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
+	a := f.alloc()
+	f.claim("good", "p1", 1)
+	f.round(a, p1)
+	f.claim("bad", "p1", 1)
+	f.setAnnotation("bad", f.keys.Allocated, `{"pods":["p1-1",`)
+	f.claim("other", "p2", 1)
+
+	_, err := world.Round(f.ctx, a, f.c, p1)
+	require.ErrorIs(t, err, allocator.ErrPoolBlocked)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+	var ce *allocator.ClaimError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "bad", ce.Claim.Name)
+	require.Equal(t, `{"pods":["p1-1",`, f.get("bad").Annotations[f.keys.Allocated], "the bad record is left as it is")
+	require.Len(t, f.held("good"), 1, "nothing held is released on a guess")
+
+	// The other pool is served.
+	f.round(a, p2)
+	require.Len(t, f.held("other"), 1)
+
+	// Fixed, the pool is served again.
+	f.setAnnotation("bad", f.keys.Allocated, `{"pods":[]}`)
+	f.round(a, p1)
+	require.Len(t, f.held("bad"), 1)
+}
+
+func TestRecoveryRefusesPodListedByTwoClaims(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	for _, n := range []string{"x", "y"} {
+		f.claim(n, "p", 1)
+		f.setAnnotation(n, f.keys.Allocated, `{"pods":["p-0"]}`)
+	}
+	a := f.alloc()
+	_, err := world.Round(f.ctx, a, f.c, pool)
+	require.ErrorIs(t, err, allocator.ErrPoolBlocked)
+	require.ErrorContains(t, err, "p-0")
+	require.Empty(t, f.snapshot(a, pool))
+}
+
+func TestStaleClaimListingNeverDoubleAllocates(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 4)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+	stale, err := world.Input(f.ctx, f.c, pool) // before any allocation
+	require.NoError(t, err)
+	f.round(a, pool)
+	held := f.held("c")
+
+	// A lagging cache shows the claim as it was before our write.
+	for range 3 {
+		res, err := a.Round(f.ctx, stale)
+		require.NoError(t, err)
+		require.Empty(t, res.Allocated)
+	}
+	require.Equal(t, held, f.held("c"))
+	require.Len(t, f.snapshot(a, pool), 2)
+
+	// Stale and the owner scaled up meanwhile: the write conflicts, the
+	// allocator reads the claim live and tops it up by exactly one.
+	f.scale("c", 3)
+	staleScaled := stale
+	staleScaled.Claims = slices.Clone(stale.Claims)
+	staleScaled.Claims[0].Want = 3
+	staleScaled.Claims[0].Object = stale.Claims[0].Object.DeepCopyObject().(client.Object)
+	staleScaled.Claims[0].Object.SetResourceVersion(f.get("c").ResourceVersion) // new to the allocator
+	staleScaled.Claims[0].Object.SetAnnotations(nil)
+	_, err = a.Round(f.ctx, staleScaled)
+	require.NoError(t, err)
+	now := f.held("c")
+	require.Len(t, now, 3)
+	require.Subset(t, now, held)
+}
+
+func TestWriteOfUnknownOutcomeKeepsMemoryAndServerAgreed(t *testing.T) {
+	for _, applied := range []bool{false, true} {
+		t.Run(map[bool]string{false: "not-applied", true: "applied"}[applied], func(t *testing.T) {
+			f := newFixture(t)
+			pool := f.pool("p", 2)
+			var fail atomic.Bool
+			fail.Store(true)
+			base, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+			require.NoError(t, err)
+			c := interceptor.NewClient(base, interceptor.Funcs{
+				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+					if _, isClaim := obj.(*testenv.Claim); !isClaim || !fail.Load() {
+						return cl.Patch(ctx, obj, patch, opts...)
+					}
+					if applied {
+						if err := cl.Patch(ctx, obj, patch, opts...); err != nil {
+							return err
+						}
+					}
+					return context.DeadlineExceeded
+				},
+			})
+			a, err := allocator.New(c)
+			require.NoError(t, err)
+			f.claim("c", "p", 1)
+			res, err := world.Round(f.ctx, a, f.c, pool)
+			if applied {
+				// Read back, found, adopted.
+				require.NoError(t, err)
+				require.Len(t, res.Allocated, 1)
+			} else {
+				require.ErrorIs(t, err, allocator.ErrWrite)
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.Empty(t, res.Allocated)
+			}
+			require.ElementsMatch(t, f.held("c"), mapKeys(f.snapshot(a, pool)), "store equals records")
+			fail.Store(false)
+			f.round(a, pool)
+			require.Len(t, f.held("c"), 1)
+			require.Equal(t, f.held("c"), mapKeys(f.snapshot(a, pool)))
+		})
+	}
+}
+
+func TestConcurrentRoundsOnOnePoolNeverShareAPod(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 6)
+	a := f.alloc()
+	for _, n := range []string{"a", "b", "c", "d"} {
+		f.claim(n, "p", 2)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			if _, err := world.Round(f.ctx, a, f.c, pool); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		// A round may lose a race for a claim's resourceVersion; that is
+		// reported and retried, never a double hand-out.
+		require.True(t, errors.Is(err, allocator.ErrWrite), "unexpected error: %v", err)
+	}
+	f.round(a, pool)
+	seen := map[string]string{}
+	total := 0
+	for _, n := range []string{"a", "b", "c", "d"} {
+		for _, p := range f.held(n) {
+			require.NotContains(t, seen, p, "pod %s held by %s and %s", p, seen[p], n)
+			seen[p] = n
+			total++
+		}
+	}
+	require.Equal(t, 6, total)
+}
+
+func TestRoundsOnDifferentPoolsRunInParallel(t *testing.T) {
+	f := newFixture(t)
+	p1, p2 := f.pool("p1", 1), f.pool("p2", 1)
+	entered := make(chan string, 2)
+	proceed := make(chan struct{})
+	// The recycler of p1's round waits until p2's round has run: if rounds
+	// on different pools were serialized, this would deadlock.
+	recycler := func(_ context.Context, pool types.NamespacedName, _ string) (bool, error) {
+		entered <- pool.Name
+		if pool.Name == "p1" {
+			<-proceed
+		}
+		return true, nil
+	}
+	a := f.alloc(allocator.WithRecycler(recycler))
+	f.claim("c1", "p1", 1)
+	f.claim("c2", "p2", 1)
+	f.round(a, p1)
+	f.round(a, p2)
+	f.scale("c1", 0)
+	f.scale("c2", 0)
+	var wg sync.WaitGroup
+	wg.Go(func() { f.round(a, p1) })
+	require.Equal(t, "p1", <-entered)
+	f.round(a, p2) // completes while p1's round is blocked
+	require.Equal(t, "p2", <-entered)
+	close(proceed)
+	wg.Wait()
+}
+
+func objMeta(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
+
+func TestStaleReleaseEntryDoesNotReleaseAPodHandedBack(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 1)
+	a := f.alloc()
+	f.claim("c", "p", 1)
+	f.round(a, pool)
+	f.release("c", "p-0")
+	f.round(a, pool) // recycled, released, and — the only pod — handed back
+	res := f.round(a, pool)
+	require.Equal(t, []string{"p-0"}, f.held("c"))
+	// The owner still lists p-0 in release; it must not flap.
+	for range 3 {
+		res = f.round(a, pool)
+		require.Empty(t, res.Released)
+		require.Empty(t, res.Allocated)
+		require.Equal(t, []string{"p-0"}, f.held("c"))
+	}
+}

@@ -1,0 +1,184 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/store"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// Option configures New.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// Recycler makes a pod given back by a claim fit to hand out again: it may
+// do nothing, delete the pod, or restart it. It is called once per round for
+// each pod being recycled until it reports done; a pod that no longer exists
+// counts as recycled without a call. It must be safe for concurrent use.
+type Recycler func(ctx context.Context, pool types.NamespacedName, pod string) (done bool, err error)
+
+// RecycleNoop reports every pod recycled at once: pods go straight back to
+// the pool.
+func RecycleNoop(context.Context, types.NamespacedName, string) (bool, error) { return true, nil }
+
+// RecycleDelete returns a Recycler that deletes the pod; the pod counts as
+// recycled once it is gone (the pool then creates a fresh one).
+func RecycleDelete(c client.Client) Recycler {
+	return func(ctx context.Context, pool types.NamespacedName, pod string) (bool, error) {
+		p := &corev1.Pod{}
+		p.Namespace, p.Name = pool.Namespace, pod
+		if err := c.Delete(ctx, p); err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		return false, nil // done when the pod has left the listing
+	}
+}
+
+// PodReady is the default readiness rule: the pod is Running, its Ready
+// condition is True and it is not being deleted.
+func PodReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// DefaultZoneLabel is the pod label read for a candidate's zone.
+const DefaultZoneLabel = corev1.LabelTopologyZone
+
+type config struct {
+	store       store.AllocationStore
+	syncer      syncer.AllocationSyncer
+	keys        *syncer.Keys
+	apiReader   client.Reader
+	algorithm   algorithm.Algorithm
+	ready       func(*corev1.Pod) bool
+	recycle     Recycler
+	clock       clock.PassiveClock
+	writers     int
+	replaceLost bool
+	zoneLabel   string
+}
+
+// WithStore replaces the in-memory store.
+func WithStore(s store.AllocationStore) Option { return optionFunc(func(c *config) { c.store = s }) }
+
+// WithSyncer replaces the annotation syncer. It cannot be combined with
+// WithKeys or WithAPIReader, which configure the default syncer.
+func WithSyncer(s syncer.AllocationSyncer) Option {
+	return optionFunc(func(c *config) { c.syncer = s })
+}
+
+// WithKeys sets the annotation names and finalizer of the default syncer,
+// for example syncer.OpenSandboxKeys(). The default is syncer.DefaultKeys().
+func WithKeys(k syncer.Keys) Option { return optionFunc(func(c *config) { c.keys = &k }) }
+
+// WithAPIReader sets the reader the default syncer uses to read a claim
+// live when a write conflicts or its outcome is unknown. With a manager's
+// cached client, pass mgr.GetAPIReader(). The default is the client.
+func WithAPIReader(r client.Reader) Option { return optionFunc(func(c *config) { c.apiReader = r }) }
+
+// WithAlgorithm replaces the default algorithm, algorithm.Packed.
+func WithAlgorithm(a algorithm.Algorithm) Option {
+	return optionFunc(func(c *config) { c.algorithm = a })
+}
+
+// WithReadiness replaces PodReady, the rule that decides which pods may be
+// handed out.
+func WithReadiness(ready func(*corev1.Pod) bool) Option {
+	return optionFunc(func(c *config) { c.ready = ready })
+}
+
+// WithRecycler sets what happens to pods given back; the default is
+// RecycleNoop.
+func WithRecycler(r Recycler) Option { return optionFunc(func(c *config) { c.recycle = r }) }
+
+// WithClock injects the clock, for tests.
+func WithClock(clk clock.PassiveClock) Option { return optionFunc(func(c *config) { c.clock = clk }) }
+
+// WithWriteConcurrency bounds how many claims are written (and how many pods
+// recycled) at once in a round. The default is 16.
+func WithWriteConcurrency(n int) Option { return optionFunc(func(c *config) { c.writers = n }) }
+
+// WithReplaceLost makes the allocator replace held pods that were lost: a
+// pod that no longer exists is dropped from its claim's record, and a pod
+// that is no longer ready is recycled; either way the claim is then offered
+// a replacement. By default lost pods stay held and are only reported in
+// Result.Lost.
+func WithReplaceLost(replace bool) Option {
+	return optionFunc(func(c *config) { c.replaceLost = replace })
+}
+
+// WithZoneLabel sets the pod label read as a candidate's zone (default
+// DefaultZoneLabel); empty disables it.
+func WithZoneLabel(key string) Option { return optionFunc(func(c *config) { c.zoneLabel = key }) }
+
+func newConfig(c client.Client, opts []Option) (*config, error) {
+	cfg := &config{
+		algorithm: algorithm.Packed{},
+		ready:     PodReady,
+		recycle:   RecycleNoop,
+		clock:     clock.RealClock{},
+		writers:   16,
+		zoneLabel: DefaultZoneLabel,
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalidOption)
+		}
+		o.apply(cfg)
+	}
+	switch {
+	case cfg.algorithm == nil:
+		return nil, fmt.Errorf("%w: nil algorithm", ErrInvalidOption)
+	case cfg.ready == nil:
+		return nil, fmt.Errorf("%w: nil readiness rule", ErrInvalidOption)
+	case cfg.recycle == nil:
+		return nil, fmt.Errorf("%w: nil recycler", ErrInvalidOption)
+	case cfg.clock == nil:
+		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
+	case cfg.writers < 1:
+		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
+	}
+	if cfg.syncer != nil && (cfg.keys != nil || cfg.apiReader != nil) {
+		return nil, fmt.Errorf("%w: WithKeys and WithAPIReader configure the default syncer and cannot be combined with WithSyncer", ErrInvalidOption)
+	}
+	if cfg.syncer == nil {
+		if c == nil {
+			return nil, fmt.Errorf("%w: nil client and no syncer", ErrInvalidOption)
+		}
+		keys := syncer.DefaultKeys()
+		if cfg.keys != nil {
+			keys = *cfg.keys
+		}
+		var sopts []syncer.Option
+		if cfg.apiReader != nil {
+			sopts = append(sopts, syncer.WithAPIReader(cfg.apiReader))
+		}
+		s, err := syncer.NewAnnotationSyncer(c, keys, sopts...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+		cfg.syncer = s
+	}
+	if cfg.store == nil {
+		cfg.store = store.NewInMemory()
+	}
+	return cfg, nil
+}

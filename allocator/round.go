@@ -1,0 +1,659 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// Quarantine is how long pods named in a write whose outcome is unknown (a
+// timeout after the API server may have applied it) stay out of the pool
+// before the allocator reads the claim again to settle it. It is longer than
+// the API server's own request timeout (60 s), so a write still in flight
+// has landed or failed by then.
+const Quarantine = 2 * time.Minute
+
+// round is the state of one Round call. It runs with the pool's mu held.
+type round struct {
+	a   *defaultAllocator
+	p   *pool
+	ctx context.Context
+	now time.Time
+	res *Result
+	// errs collects per-claim errors that do not stop the round.
+	errs []error
+	// shortfall adds demand the algorithm did not see (moving claims).
+	shortfall int
+}
+
+func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
+	res := Result{Pool: in.Pool}
+	if err := validateInput(in); err != nil {
+		return res, err
+	}
+	p := a.getPool(in.Pool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gen++
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+
+	r.observePods(in)
+	if !p.recovered {
+		if err := r.recover(in.Claims); err != nil {
+			r.report()
+			return res, err
+		}
+	}
+	if err := r.observeClaims(in.Claims); err != nil {
+		r.report()
+		return res, err
+	}
+	r.settleReservations()
+	act, err := r.plan()
+	if err != nil {
+		r.report()
+		return res, err
+	}
+	r.queueReleases(act.Release)
+	r.queueOrphans()
+	done := r.recycle()
+	r.commit(act.Allocate, done)
+	r.res.Shortfall = act.Shortfall + r.shortfall
+	r.report()
+	return res, errors.Join(r.errs...)
+}
+
+func validateInput(in Input) error {
+	if in.Pool.Name == "" || in.Pool.Namespace == "" {
+		return fmt.Errorf("%w: pool %q: empty namespace or name", ErrInvalidInput, in.Pool)
+	}
+	pods := make(map[string]struct{}, len(in.Pods))
+	for i := range in.Pods {
+		pod := &in.Pods[i]
+		if pod.Name == "" {
+			return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, in.Pool, i)
+		}
+		if pod.Namespace != in.Pool.Namespace {
+			return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, in.Pool, pod.Namespace, pod.Name)
+		}
+		if _, dup := pods[pod.Name]; dup {
+			return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, in.Pool, pod.Name)
+		}
+		pods[pod.Name] = struct{}{}
+	}
+	uids := make(map[types.UID]struct{}, len(in.Claims))
+	for i, c := range in.Claims {
+		if c.Object == nil {
+			return fmt.Errorf("%w: pool %s: claim %d has a nil object", ErrInvalidInput, in.Pool, i)
+		}
+		name := client.ObjectKeyFromObject(c.Object)
+		switch {
+		case name.Namespace != in.Pool.Namespace:
+			return fmt.Errorf("%w: pool %s: claim %s is in another namespace", ErrInvalidInput, in.Pool, name)
+		case c.Object.GetUID() == "":
+			return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, in.Pool, name)
+		case c.Want < 0:
+			return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, in.Pool, name, c.Want)
+		}
+		if _, dup := uids[c.Object.GetUID()]; dup {
+			return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, in.Pool, name, c.Object.GetUID())
+		}
+		uids[c.Object.GetUID()] = struct{}{}
+	}
+	return nil
+}
+
+// observePods brings the pool's pod table in line with the listing.
+func (r *round) observePods(in Input) {
+	p, ready := r.p, r.a.cfg.ready
+	for i := range in.Pods {
+		pod := &in.Pods[i]
+		pi := p.pods[pod.Name]
+		if pi == nil {
+			pi = &podInfo{name: pod.Name, freeIdx: -1}
+			p.pods[pod.Name] = pi
+		}
+		pi.seen = p.gen
+		if !pi.present || pi.rv != pod.ResourceVersion || pod.ResourceVersion == "" {
+			pi.present = true
+			pi.rv = pod.ResourceVersion
+			pi.ready = ready(pod)
+			pi.node = pod.Spec.NodeName
+			if r.a.cfg.zoneLabel != "" {
+				pi.zone = pod.Labels[r.a.cfg.zoneLabel]
+			}
+			p.refreshFree(pi)
+		}
+	}
+	for name, pi := range p.pods {
+		if pi.seen == p.gen {
+			continue
+		}
+		if pi.present {
+			pi.present, pi.ready, pi.rv = false, false, ""
+			p.refreshFree(pi)
+		}
+		if pi.holder == nil && pi.reservedBy == nil {
+			delete(p.pods, name)
+		}
+	}
+}
+
+// blocked returns the error that makes the pool fail closed because of
+// claim c.
+func (r *round) blocked(uid types.UID, name types.NamespacedName, err error) error {
+	return fmt.Errorf("%w: %w", ErrPoolBlocked, &ClaimError{Pool: r.p.name, Claim: name, UID: uid, Err: err})
+}
+
+// recover rebuilds the pool's allocations from the claims' records. It
+// changes nothing unless every record can be read and no pod is listed by
+// two claims.
+func (r *round) recover(claims []Claim) error {
+	p, a := r.p, r.a
+	type found struct {
+		ci   *claimInfo
+		held []string
+	}
+	all := make([]found, 0, len(claims))
+	owner := make(map[string]*claimInfo)
+	for _, c := range claims {
+		ci := newClaimInfo(c)
+		rec, err := a.cfg.syncer.Read(c.Object)
+		if err != nil {
+			return r.blocked(ci.uid, ci.name, err)
+		}
+		held := rec.Held()
+		for _, pod := range held {
+			if other, dup := owner[pod]; dup {
+				return r.blocked(ci.uid, ci.name, fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
+					syncer.ErrMalformedRecord, pod, other.name, other.uid))
+			}
+			owner[pod] = ci
+		}
+		ci.release, ci.released = rec.Release, rec.Released
+		all = append(all, found{ci, held})
+	}
+	// Pods a moved claim holds in a pool that already recovered stay there.
+	for i := range all {
+		f := &all[i]
+		other, ok := a.heldElsewhere(f.ci.uid, p.name)
+		if !ok {
+			continue
+		}
+		f.held = slices.DeleteFunc(f.held, func(pod string) bool {
+			h, held, err := a.cfg.store.HolderOf(other, pod)
+			return err == nil && held && h.UID == f.ci.uid
+		})
+	}
+	if err := a.cfg.store.DeletePool(p.name); err != nil {
+		return fmt.Errorf("pool %s: recover: %w", p.name, err)
+	}
+	for _, pi := range p.pods {
+		pi.holder, pi.recycling = nil, false
+	}
+	p.claims = make(map[types.UID]*claimInfo, len(all))
+	for _, f := range all {
+		p.claims[f.ci.uid] = f.ci
+		if len(f.held) == 0 {
+			continue
+		}
+		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
+			return fmt.Errorf("pool %s: recover claim %s: %w", p.name, f.ci.name, err)
+		}
+		for _, pod := range f.held {
+			r.hold(f.ci, pod)
+		}
+		a.setHolds(f.ci.uid, p.name, true)
+	}
+	p.recovered = true
+	return nil
+}
+
+func newClaimInfo(c Claim) *claimInfo {
+	o := c.Object
+	ci := &claimInfo{
+		uid:         o.GetUID(),
+		name:        client.ObjectKeyFromObject(o),
+		obj:         o,
+		want:        c.Want,
+		priority:    c.Priority,
+		created:     o.GetCreationTimestamp().Time,
+		terminating: o.GetDeletionTimestamp() != nil,
+		held:        make(map[string]*podInfo),
+	}
+	ci.addRV(o.GetResourceVersion())
+	return ci
+}
+
+// podOrNew returns the pod's entry, creating an absent one for a pod named
+// by a record but missing from the listing.
+func (p *pool) podOrNew(name string) *podInfo {
+	pi := p.pods[name]
+	if pi == nil {
+		pi = &podInfo{name: name, freeIdx: -1}
+		p.pods[name] = pi
+	}
+	return pi
+}
+
+// hold mirrors in memory that ci holds pod; the store already says so.
+func (r *round) hold(ci *claimInfo, pod string) {
+	pi := r.p.podOrNew(pod)
+	pi.holder = ci
+	ci.held[pod] = pi
+	r.p.refreshFree(pi)
+}
+
+// unhold mirrors in memory that ci no longer holds pod; the store already
+// says so.
+func (r *round) unhold(ci *claimInfo, pod string) {
+	pi := ci.held[pod]
+	if pi == nil {
+		return
+	}
+	delete(ci.held, pod)
+	pi.holder = nil
+	if pi.recycling {
+		pi.recycling = false
+		ci.recycling--
+	}
+	if !pi.present && pi.reservedBy == nil {
+		delete(r.p.pods, pod)
+		return
+	}
+	r.p.refreshFree(pi)
+}
+
+// observeClaims updates the claim table from the listing. Only claims whose
+// resourceVersion is new to the allocator are decoded.
+func (r *round) observeClaims(claims []Claim) error {
+	p, a := r.p, r.a
+	for _, c := range claims {
+		o := c.Object
+		uid, rv := o.GetUID(), o.GetResourceVersion()
+		ci := p.claims[uid]
+		switch {
+		case ci == nil:
+			ci = newClaimInfo(c)
+			rec, err := a.cfg.syncer.Read(o)
+			if err != nil {
+				return r.blocked(ci.uid, ci.name, err)
+			}
+			ci.release, ci.released = rec.Release, rec.Released
+			r.checkRecord(ci, rec)
+			p.claims[uid] = ci
+		case rv == "" || !ci.sawRV(rv):
+			// New to us: the owner changed it. An older version than
+			// one we wrote carries an RV we already saw.
+			rec, err := a.cfg.syncer.Read(o)
+			if err != nil {
+				return r.blocked(ci.uid, ci.name, err)
+			}
+			ci.obj = o
+			ci.addRV(rv)
+			ci.setRelease(rec.Release)
+			ci.want, ci.priority = c.Want, c.Priority
+			if o.GetDeletionTimestamp() != nil {
+				ci.terminating = true
+			}
+			r.checkRecord(ci, rec)
+		}
+		ci.seen = p.gen
+		ci.listed = true
+	}
+	for uid, ci := range p.claims {
+		if ci.seen == p.gen {
+			continue
+		}
+		ci.listed = false
+		if len(ci.held) == 0 && !r.hasReservations(ci) {
+			delete(p.claims, uid)
+		}
+	}
+	return nil
+}
+
+// checkRecord compares the pods a claim's record says it holds with what the
+// allocator gave it. Records are trusted only at recovery: later, a pod in
+// the record that the claim does not hold here (nor in another pool) was not
+// put there by the allocator, and is not handed to the claim.
+func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
+	var extra []string
+	for _, pod := range rec.Held() {
+		if _, ok := ci.held[pod]; ok {
+			continue
+		}
+		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy == ci {
+			continue // settled by settleReservations
+		}
+		if other, ok := r.a.heldElsewhere(ci.uid, r.p.name); ok {
+			if h, held, err := r.a.cfg.store.HolderOf(other, pod); err == nil && held && h.UID == ci.uid {
+				continue
+			}
+		}
+		extra = append(extra, pod)
+	}
+	if len(extra) == 0 {
+		ci.untrusted = nil
+		return
+	}
+	ci.untrusted = &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
+		Err: fmt.Errorf("%w: %v", ErrUntrustedRecord, extra)}
+	r.errs = append(r.errs, ci.untrusted)
+}
+
+func (r *round) hasReservations(ci *claimInfo) bool {
+	for _, pi := range r.p.pods {
+		if pi.reservedBy == ci {
+			return true
+		}
+	}
+	return false
+}
+
+// settleReservations decides, for pods reserved by writes of unknown
+// outcome, whether the write landed: once the claim's newest known record
+// lists the pod, or once the quarantine is over and a live read says so.
+func (r *round) settleReservations() {
+	byClaim := make(map[*claimInfo][]*podInfo)
+	for _, pi := range r.p.pods {
+		if pi.reservedBy != nil {
+			byClaim[pi.reservedBy] = append(byClaim[pi.reservedBy], pi)
+		}
+	}
+	for ci, pods := range byClaim {
+		rec, err := r.a.cfg.syncer.Read(ci.obj)
+		landed := err == nil && containsAll(rec.Held(), pods)
+		if !landed && r.now.Before(pods[0].reservedUntil) {
+			continue
+		}
+		if !landed {
+			live, err := r.live(ci, ci.obj)
+			switch {
+			case apierrors.IsNotFound(err):
+				// The claim is gone; if the write landed its owner may have
+				// used the pods, so they are recycled, not freed.
+				landed = true
+			case err != nil:
+				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, err)))
+				continue
+			default:
+				ci.obj = live
+				ci.addRV(live.GetResourceVersion())
+				rec, err := r.a.cfg.syncer.Read(live)
+				landed = err == nil && containsAll(rec.Held(), pods)
+			}
+		}
+		names := make([]string, len(pods))
+		for i, pi := range pods {
+			names[i] = pi.name
+			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		}
+		if landed {
+			if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
+				r.errs = append(r.errs, r.claimErr(ci, err))
+				for _, pi := range pods {
+					r.p.refreshFree(pi)
+				}
+				continue
+			}
+			for _, n := range names {
+				r.hold(ci, n)
+			}
+			r.a.setHolds(ci.uid, r.p.name, true)
+			continue
+		}
+		for _, pi := range pods {
+			if !pi.present && pi.holder == nil {
+				delete(r.p.pods, pi.name)
+				continue
+			}
+			r.p.refreshFree(pi)
+		}
+	}
+}
+
+func containsAll(list []string, pods []*podInfo) bool {
+	for _, pi := range pods {
+		if !slices.Contains(list, pi.name) {
+			return false
+		}
+	}
+	return true
+}
+
+// setRelease records the owner's release list; consumed entries the owner
+// dropped are forgotten, so listing the pod again is a new request.
+func (c *claimInfo) setRelease(release []string) {
+	c.release = release
+	for pod := range c.consumed {
+		if !slices.Contains(release, pod) {
+			delete(c.consumed, pod)
+		}
+	}
+}
+
+func (r *round) claimErr(ci *claimInfo, err error) error {
+	return &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid, Err: err}
+}
+
+// plan builds the requests of claims whose holdings may change and asks the
+// algorithm. The action is checked before anything is committed.
+func (r *round) plan() (algorithm.Action, error) {
+	p, replace := r.p, r.a.cfg.replaceLost
+	var reqs []algorithm.Request
+	for _, ci := range p.claims {
+		if !ci.listed {
+			continue
+		}
+		want := ci.want
+		if ci.terminating {
+			want = 0
+		}
+		if len(ci.held) == 0 {
+			if _, moving := r.a.heldElsewhere(ci.uid, p.name); moving {
+				r.shortfall += want
+				continue
+			}
+		}
+		keep := len(ci.held) - ci.recycling
+		var lost int
+		if replace {
+			for _, pi := range ci.held {
+				if !pi.recycling && (!pi.present || !pi.ready) {
+					lost++
+				}
+			}
+		}
+		var release []string
+		for _, pod := range ci.release {
+			if _, done := ci.consumed[pod]; done {
+				continue
+			}
+			if pi := ci.held[pod]; pi != nil && !pi.recycling && !slices.Contains(release, pod) {
+				release = append(release, pod)
+			}
+		}
+		if keep == want && len(release) == 0 && lost == 0 {
+			continue
+		}
+		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.created}
+		for name, pi := range ci.held {
+			if pi.recycling {
+				continue
+			}
+			if replace && !pi.present {
+				continue // dropped from the record by commit
+			}
+			req.Held = append(req.Held, name)
+			if replace && !pi.ready && !slices.Contains(release, name) {
+				release = append(release, name)
+			}
+		}
+		slices.Sort(req.Held)
+		req.Release = release
+		reqs = append(reqs, req)
+	}
+	slices.SortFunc(reqs, func(x, y algorithm.Request) int {
+		if x.UID < y.UID {
+			return -1
+		}
+		if x.UID > y.UID {
+			return 1
+		}
+		return 0
+	})
+	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.free, Requests: reqs})
+	if err != nil {
+		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
+	}
+	if err := r.checkAction(reqs, act); err != nil {
+		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
+	}
+	return act, nil
+}
+
+// checkAction refuses an action that breaks the Algorithm contract, so that
+// a faulty strategy can never hand out a held pod or release a pod its
+// claim does not hold.
+func (r *round) checkAction(reqs []algorithm.Request, act algorithm.Action) error {
+	byUID := make(map[types.UID]*algorithm.Request, len(reqs))
+	for i := range reqs {
+		byUID[reqs[i].UID] = &reqs[i]
+	}
+	taken := make(map[string]struct{})
+	for _, g := range act.Allocate {
+		if byUID[g.UID] == nil {
+			return fmt.Errorf("allocation to claim %s (uid %s) that was not requested", g.Claim, g.UID)
+		}
+		for _, pod := range g.Pods {
+			pi := r.p.pods[pod]
+			if pi == nil || pi.freeIdx < 0 {
+				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
+			}
+			if _, dup := taken[pod]; dup {
+				return fmt.Errorf("pod %s allocated twice", pod)
+			}
+			taken[pod] = struct{}{}
+		}
+	}
+	for _, g := range act.Release {
+		req := byUID[g.UID]
+		if req == nil {
+			return fmt.Errorf("release from claim %s (uid %s) that was not requested", g.Claim, g.UID)
+		}
+		for _, pod := range g.Pods {
+			if !slices.Contains(req.Held, pod) {
+				return fmt.Errorf("claim %s: released pod %s is not held", g.Claim, pod)
+			}
+			if _, dup := taken[pod]; dup {
+				return fmt.Errorf("pod %s released twice", pod)
+			}
+			taken[pod] = struct{}{}
+		}
+	}
+	return nil
+}
+
+func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
+	if pi.recycling {
+		return
+	}
+	pi.recycling = true
+	ci.recycling++
+}
+
+func (r *round) queueReleases(grants []algorithm.Grant) {
+	for _, g := range grants {
+		ci := r.p.claims[g.UID]
+		for _, pod := range g.Pods {
+			r.startRecycling(ci, ci.held[pod])
+		}
+	}
+}
+
+// queueOrphans gives back every pod held by a claim that is not in the
+// listing any more: deleted, force-deleted or moved to another pool.
+func (r *round) queueOrphans() {
+	for _, ci := range r.p.claims {
+		if ci.listed {
+			continue
+		}
+		for _, pi := range ci.held {
+			r.startRecycling(ci, pi)
+		}
+	}
+}
+
+// recycle offers every recycling pod to the recycler, concurrently, and
+// returns those done, per claim. A pod that left the listing is done.
+func (r *round) recycle() map[*claimInfo][]string {
+	type job struct {
+		ci *claimInfo
+		pi *podInfo
+	}
+	var jobs []job
+	done := make(map[*claimInfo][]string)
+	for _, ci := range r.p.claims {
+		if ci.recycling == 0 {
+			continue
+		}
+		for _, pi := range ci.held {
+			if !pi.recycling {
+				continue
+			}
+			if !pi.present || pi.recycled {
+				done[ci] = append(done[ci], pi.name)
+				continue
+			}
+			jobs = append(jobs, job{ci, pi})
+		}
+	}
+	results := make([]error, len(jobs))
+	finished := make([]bool, len(jobs))
+	r.parallel(len(jobs), func(i int) {
+		finished[i], results[i] = r.a.cfg.recycle(r.ctx, r.p.name, jobs[i].pi.name)
+	})
+	for i, j := range jobs {
+		if results[i] != nil {
+			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name, results[i])))
+			continue
+		}
+		if finished[i] {
+			done[j.ci] = append(done[j.ci], j.pi.name)
+		}
+	}
+	return done
+}
+
+// parallel runs f(0..n-1) with at most the configured number at once.
+func (r *round) parallel(n int, f func(i int)) {
+	if n == 0 {
+		return
+	}
+	limit := min(r.a.cfg.writers, n)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range limit {
+		wg.Go(func() {
+			for i := range next {
+				f(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}

@@ -1,0 +1,232 @@
+package testenv
+
+import (
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Group and version of the test CRDs.
+const (
+	Group   = "test.poolalloc.io"
+	Version = "v1"
+)
+
+var (
+	// GroupVersion is the group and version of the test CRDs.
+	GroupVersion = schema.GroupVersion{Group: Group, Version: Version}
+	// ClaimGVK is the kind of the test claim, served as claims.test.poolalloc.io.
+	ClaimGVK = GroupVersion.WithKind("Claim")
+	// ClaimListGVK is the list kind of ClaimGVK.
+	ClaimListGVK = GroupVersion.WithKind("ClaimList")
+	// PoolGVK is the kind of the test pool, served as pools.test.poolalloc.io.
+	// It has no Go type; use NewPool or unstructured objects.
+	PoolGVK = GroupVersion.WithKind("Pool")
+)
+
+// Claim is the typed form of the test claim CRD. Its status is free-form
+// (x-kubernetes-preserve-unknown-fields), so tests may store anything there;
+// DeepCopy copies its nested maps and []any slices.
+type Claim struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ClaimSpec      `json:"spec,omitempty"`
+	Status map[string]any `json:"status,omitempty"`
+}
+
+// ClaimSpec is what a claim asks for.
+type ClaimSpec struct {
+	// PoolRef names a pool in the claim's namespace.
+	PoolRef string `json:"poolRef,omitempty"`
+	// Replicas is how many pods the claim wants.
+	Replicas int32 `json:"replicas,omitempty"`
+	// Priority orders claims; higher goes first.
+	Priority int32 `json:"priority,omitempty"`
+}
+
+// ClaimList is a list of Claims.
+type ClaimList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Claim `json:"items"`
+}
+
+// DeepCopyInto copies c into out.
+func (c *Claim) DeepCopyInto(out *Claim) {
+	*out = *c
+	out.TypeMeta = c.TypeMeta
+	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	out.Spec = c.Spec
+	if c.Status != nil {
+		out.Status = deepCopyValue(c.Status).(map[string]any)
+	}
+}
+
+// deepCopyValue copies maps and slices of a JSON-like value; anything else
+// is copied by value.
+func deepCopyValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = deepCopyValue(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = deepCopyValue(e)
+		}
+		return out
+	default:
+		return v
+	}
+}
+
+// DeepCopy returns a copy of c.
+func (c *Claim) DeepCopy() *Claim {
+	if c == nil {
+		return nil
+	}
+	out := new(Claim)
+	c.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (c *Claim) DeepCopyObject() runtime.Object {
+	if c == nil {
+		return nil
+	}
+	return c.DeepCopy()
+}
+
+// DeepCopyInto copies l into out.
+func (l *ClaimList) DeepCopyInto(out *ClaimList) {
+	*out = *l
+	out.TypeMeta = l.TypeMeta
+	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	if l.Items != nil {
+		out.Items = make([]Claim, len(l.Items))
+		for i := range l.Items {
+			l.Items[i].DeepCopyInto(&out.Items[i])
+		}
+	}
+}
+
+// DeepCopy returns a copy of l.
+func (l *ClaimList) DeepCopy() *ClaimList {
+	if l == nil {
+		return nil
+	}
+	out := new(ClaimList)
+	l.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (l *ClaimList) DeepCopyObject() runtime.Object {
+	if l == nil {
+		return nil
+	}
+	return l.DeepCopy()
+}
+
+// AddToScheme registers Claim and ClaimList with s.
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &Claim{}, &ClaimList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
+
+// NewClaim returns a typed claim in namespace ns that wants replicas pods
+// of the pool named pool in the same namespace.
+func NewClaim(ns, name, pool string, replicas int32) *Claim {
+	return &Claim{
+		TypeMeta:   metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: ClaimGVK.Kind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       ClaimSpec{PoolRef: pool, Replicas: replicas},
+	}
+}
+
+// NewUnstructuredClaim is NewClaim as an *unstructured.Unstructured.
+func NewUnstructuredClaim(ns, name, pool string, replicas int64) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(ClaimGVK)
+	u.SetNamespace(ns)
+	u.SetName(name)
+	u.Object["spec"] = map[string]any{"poolRef": pool, "replicas": replicas}
+	return u
+}
+
+// NewPool returns a Pool object (unstructured; Pool has no Go type) that
+// wants replicas pods.
+func NewPool(ns, name string, replicas int64) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(PoolGVK)
+	u.SetNamespace(ns)
+	u.SetName(name)
+	u.Object["spec"] = map[string]any{"replicas": replicas}
+	return u
+}
+
+// CRDs returns the test CustomResourceDefinitions, Pool and Claim, that
+// Start installs.
+func CRDs() []*apiextensionsv1.CustomResourceDefinition {
+	integer := apiextensionsv1.JSONSchemaProps{Type: "integer", Format: "int32"}
+	nonNegative := integer
+	nonNegative.Minimum = ptr(0.0)
+	return []*apiextensionsv1.CustomResourceDefinition{
+		crd("Pool", "pools", map[string]apiextensionsv1.JSONSchemaProps{
+			"replicas": nonNegative,
+		}),
+		crd("Claim", "claims", map[string]apiextensionsv1.JSONSchemaProps{
+			"poolRef":  {Type: "string"},
+			"replicas": nonNegative,
+			"priority": integer,
+		}),
+	}
+}
+
+func crd(kind, plural string, spec map[string]apiextensionsv1.JSONSchemaProps) *apiextensionsv1.CustomResourceDefinition {
+	singular := plural[:len(plural)-1]
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + Group},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: Group,
+			Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{
+				Kind:     kind,
+				ListKind: kind + "List",
+				Plural:   plural,
+				Singular: singular,
+			},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name:    Version,
+				Served:  true,
+				Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{
+					OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+						Type: "object",
+						Properties: map[string]apiextensionsv1.JSONSchemaProps{
+							"apiVersion": {Type: "string"},
+							"kind":       {Type: "string"},
+							"metadata":   {Type: "object"},
+							"spec":       {Type: "object", Properties: spec},
+							"status":     {Type: "object", XPreserveUnknownFields: ptr(true)},
+						},
+					},
+				},
+				Subresources: &apiextensionsv1.CustomResourceSubresources{
+					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
+				},
+			}},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

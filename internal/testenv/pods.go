@@ -1,0 +1,122 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// PoolLabel is the label CreatePods puts on a pool's pods; its value is the
+// pool name.
+const PoolLabel = "poolalloc.io/test-pool"
+
+// PodImage is the image of the single container of pods from CreatePods.
+// Nothing runs it: the test API server has no kubelet.
+const PodImage = "registry.k8s.io/pause:3.10"
+
+// createParallelism bounds the requests CreatePods has in flight.
+const createParallelism = 8
+
+// CreatePods creates n pods of pool in namespace ns, named <pool>-<i> for i
+// in [0, n), labelled PoolLabel=pool and bound to node-<i%3> through
+// spec.nodeName (there is no scheduler). With ready, each pod's status is
+// then set to Running and Ready through the status subresource, as a
+// kubelet would; otherwise the pod stays Pending. It returns the pods as
+// stored, in index order.
+func CreatePods(ctx context.Context, c client.Client, ns, pool string, n int, ready bool) ([]corev1.Pod, error) {
+	pods := make([]corev1.Pod, n)
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(createParallelism)
+	for i := range n {
+		g.Go(func() error {
+			pod := &pods[i]
+			*pod = corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{
+					Namespace: ns,
+					Name:      pool + "-" + strconv.Itoa(i),
+					Labels:    map[string]string{PoolLabel: pool},
+				},
+				Spec: corev1.PodSpec{
+					NodeName:   "node-" + strconv.Itoa(i%3),
+					Containers: []corev1.Container{{Name: "main", Image: PodImage}},
+				},
+			}
+			if err := c.Create(ctx, pod); err != nil {
+				return fmt.Errorf("testenv: create pod %s/%s: %w", ns, pod.Name, err)
+			}
+			if ready {
+				return SetPodReady(ctx, c, pod, true)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return pods, nil
+}
+
+// SetPodReady sets pod's phase to Running and its Ready and ContainersReady
+// conditions to ready through the status subresource, as a kubelet would,
+// and updates pod to the stored object.
+func SetPodReady(ctx context.Context, c client.Client, pod *corev1.Pod, ready bool) error {
+	orig := pod.DeepCopy()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodRunning
+	for _, t := range []corev1.PodConditionType{corev1.PodScheduled, corev1.ContainersReady, corev1.PodReady} {
+		s := status
+		if t == corev1.PodScheduled {
+			s = corev1.ConditionTrue
+		}
+		setCondition(&pod.Status, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: now})
+	}
+	if err := c.Status().Patch(ctx, pod, client.StrategicMergeFrom(orig)); err != nil {
+		return fmt.Errorf("testenv: set pod %s/%s ready=%t: %w", pod.Namespace, pod.Name, ready, err)
+	}
+	return nil
+}
+
+// setCondition replaces the condition of the same type, keeping its
+// transition time if the status did not change, or appends it.
+func setCondition(s *corev1.PodStatus, cond corev1.PodCondition) {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type != cond.Type {
+			continue
+		}
+		if s.Conditions[i].Status == cond.Status {
+			cond.LastTransitionTime = s.Conditions[i].LastTransitionTime
+		}
+		s.Conditions[i] = cond
+		return
+	}
+	s.Conditions = append(s.Conditions, cond)
+}
+
+// ListPods returns the pods of pool in namespace ns (by PoolLabel), sorted
+// by name as the API server returns them.
+func ListPods(ctx context.Context, c client.Client, ns, pool string) ([]corev1.Pod, error) {
+	var list corev1.PodList
+	if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{PoolLabel: pool}); err != nil {
+		return nil, fmt.Errorf("testenv: list pods of pool %s/%s: %w", ns, pool, err)
+	}
+	return list.Items, nil
+}
+
+// IsPodReady reports whether pod has condition Ready=True.
+func IsPodReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

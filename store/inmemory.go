@@ -1,0 +1,409 @@
+package store
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// InMemory is an AllocationStore that keeps its index in memory.
+//
+// Each pool has its own lock, so calls on different pools do not wait for
+// each other; the pool table has a lock of its own that is held only long
+// enough to look a pool up (or, on a pool's first Allocate, to add it).
+//
+// Allocate, Free and HolderOf cost time proportional to the pods in the
+// call, not to the pool; Held sorts only the claim's pods. Snapshot,
+// Holders and Pools copy what they return and cost time proportional to
+// the pool (Pools: to the number of pools).
+//
+// Beyond the AllocationStore contract, InMemory also refuses with
+// ErrInvalidArgument an Allocate whose h.UID already holds pods in the pool
+// under a different h.Claim: one UID is one claim. When several pods of an
+// Allocate are already held, the *HeldError names the first in the order
+// given. Allocating or freeing no pods (with a non-empty UID) changes
+// nothing and succeeds.
+//
+// A pool's index lives from its first Allocate until DeletePool, also while
+// it holds no pods; call DeletePool when a pool goes away.
+//
+// The zero value is an empty store ready to use. An InMemory must not be
+// copied after first use.
+type InMemory struct {
+	// mu guards the pools map itself (lookups, inserts, deletes), not the
+	// indexes it points to: each poolIndex has its own lock. Lock order:
+	// mu before a poolIndex's mu. No method acquires mu while it holds a
+	// poolIndex's mu.
+	mu sync.RWMutex
+
+	// pools is guarded by mu. An entry is added by a pool's first Allocate
+	// and removed only by DeletePool. Nil until the first Allocate.
+	pools map[types.NamespacedName]*poolIndex
+}
+
+var _ AllocationStore = (*InMemory)(nil)
+
+// NewInMemory returns an empty in-memory store.
+func NewInMemory() *InMemory {
+	return &InMemory{pools: make(map[types.NamespacedName]*poolIndex)}
+}
+
+// poolIndex is the index of one pool. All its fields are guarded by mu.
+type poolIndex struct {
+	mu sync.RWMutex
+
+	// dead is guarded by mu. DeletePool sets it after it removed the index
+	// from InMemory.pools. A caller that looked the index up before that
+	// reads it as empty; Allocate looks the pool up again instead of
+	// writing to a dead index.
+	dead bool
+
+	// pods is guarded by mu: pod name → the claim holding it. A pod that
+	// no claim holds has no entry.
+	pods map[string]Holder
+
+	// claims is guarded by mu: claim UID → the pods it holds. An entry
+	// exists exactly while the claim holds at least one pod, and its pods
+	// are exactly the entries of pods whose holder has that UID.
+	claims map[types.UID]claimPods
+}
+
+// claimPods is what one claim holds in one pool. It is a value inside
+// poolIndex.claims and is guarded by that poolIndex's mu.
+type claimPods struct {
+	// holder is the Holder every pod of the claim is recorded with.
+	holder Holder
+	// pods is the set of pod names the claim holds; never empty.
+	pods map[string]struct{}
+}
+
+func newPoolIndex() *poolIndex {
+	return &poolIndex{
+		pods:   make(map[string]Holder),
+		claims: make(map[types.UID]claimPods),
+	}
+}
+
+// lookup returns pool's index, or nil when the pool has none.
+func (s *InMemory) lookup(pool types.NamespacedName) *poolIndex {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pools[pool]
+}
+
+// lookupOrCreate returns pool's index, adding an empty one if there is none.
+func (s *InMemory) lookupOrCreate(pool types.NamespacedName) *poolIndex {
+	if p := s.lookup(pool); p != nil {
+		return p
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pools[pool]; p != nil {
+		return p
+	}
+	if s.pools == nil {
+		s.pools = make(map[types.NamespacedName]*poolIndex)
+	}
+	p := newPoolIndex()
+	s.pools[pool] = p
+	return p
+}
+
+// Allocate records that h holds pods in pool, all or nothing. See
+// AllocationStore.Allocate and the InMemory type documentation.
+func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) error {
+	if h.UID == "" {
+		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
+	}
+	if err := checkNames(pool, pods); err != nil {
+		return err
+	}
+	if len(pods) == 0 {
+		return nil
+	}
+	for {
+		p := s.lookupOrCreate(pool)
+		p.mu.Lock()
+		if p.dead {
+			// DeletePool removed this index after we looked it up; a
+			// write here would be lost. Look the pool up again.
+			p.mu.Unlock()
+			continue
+		}
+		err := p.allocate(pool, h, pods)
+		p.mu.Unlock()
+		return err
+	}
+}
+
+// allocate does Allocate's work on a live index. The caller holds p.mu and
+// has checked h.UID and the pod names for emptiness.
+//
+// It inserts the pods one by one and, at the first pod already present,
+// removes what it inserted, so that the common (successful) path does one
+// lookup and two inserts per pod and allocates nothing for the duplicate
+// check. A pod listed twice is found present at its second occurrence, so
+// every call with a duplicate takes the error path, where the duplicate
+// check runs before the conflict is reported: an invalid argument wins
+// over a held pod, as if the arguments had been checked first.
+func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string) error {
+	c, known := p.claims[h.UID]
+	if known && c.holder != h {
+		return fmt.Errorf("pool %s: claim %s: %w: UID %s already holds pods in this pool as claim %s",
+			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder.Claim)
+	}
+	if !known {
+		c = claimPods{holder: h, pods: make(map[string]struct{}, len(pods))}
+	}
+	for i, pod := range pods {
+		if holder, held := p.pods[pod]; held {
+			for _, done := range pods[:i] {
+				delete(p.pods, done)
+				delete(c.pods, done)
+			}
+			if dup, ok := firstDuplicate(pods); ok {
+				return errListedTwice(pool, dup)
+			}
+			return &HeldError{Pool: pool, Pod: pod, Holder: holder}
+		}
+		p.pods[pod] = h
+		c.pods[pod] = struct{}{}
+	}
+	if !known {
+		p.claims[h.UID] = c
+	}
+	return nil
+}
+
+// Free records that the claim with uid no longer holds pods in pool, all
+// or nothing. See AllocationStore.Free.
+func (s *InMemory) Free(pool types.NamespacedName, uid types.UID, pods []string) error {
+	if uid == "" {
+		return fmt.Errorf("pool %s: %w: empty claim UID", pool, ErrInvalidArgument)
+	}
+	if err := checkNames(pool, pods); err != nil {
+		return err
+	}
+	if len(pods) == 0 {
+		return nil
+	}
+	p := s.lookup(pool)
+	if p == nil {
+		return errNotHeldOrDuplicate(pool, uid, pods, pods[0], Holder{}, false)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		// DeletePool ran after the lookup: the pool is empty.
+		return errNotHeldOrDuplicate(pool, uid, pods, pods[0], Holder{}, false)
+	}
+	return p.free(pool, uid, pods)
+}
+
+// free does Free's work on a live index. The caller holds p.mu and has
+// checked uid and the pod names for emptiness. Like allocate, it undoes
+// its own changes on the error path instead of checking twice.
+func (p *poolIndex) free(pool types.NamespacedName, uid types.UID, pods []string) error {
+	c, known := p.claims[uid]
+	if !known {
+		holder, held := p.pods[pods[0]]
+		return errNotHeldOrDuplicate(pool, uid, pods, pods[0], holder, held)
+	}
+	for i, pod := range pods {
+		holder, held := p.pods[pod]
+		if !held || holder.UID != uid {
+			// pods[:i] are distinct (a repeat would have failed here
+			// earlier) and were all held by the claim: put them back.
+			for _, done := range pods[:i] {
+				p.pods[done] = c.holder
+				c.pods[done] = struct{}{}
+			}
+			return errNotHeldOrDuplicate(pool, uid, pods, pod, holder, held)
+		}
+		delete(p.pods, pod)
+		delete(c.pods, pod)
+	}
+	if len(c.pods) == 0 {
+		delete(p.claims, uid)
+	}
+	return nil
+}
+
+// HolderOf returns the claim holding pod in pool. See
+// AllocationStore.HolderOf. It never fails.
+func (s *InMemory) HolderOf(pool types.NamespacedName, pod string) (Holder, bool, error) {
+	p := s.lookup(pool)
+	if p == nil {
+		return Holder{}, false, nil
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	h, ok := p.pods[pod] // a dead index has no pods
+	return h, ok, nil
+}
+
+// Held returns the pods the claim with uid holds in pool, sorted. See
+// AllocationStore.Held. It never fails; it returns nil when the claim
+// holds nothing.
+func (s *InMemory) Held(pool types.NamespacedName, uid types.UID) ([]string, error) {
+	p := s.lookup(pool)
+	if p == nil {
+		return nil, nil
+	}
+	p.mu.RLock()
+	c, ok := p.claims[uid]
+	if !ok {
+		p.mu.RUnlock()
+		return nil, nil
+	}
+	out := make([]string, 0, len(c.pods))
+	for pod := range c.pods {
+		out = append(out, pod)
+	}
+	p.mu.RUnlock()
+	slices.Sort(out)
+	return out, nil
+}
+
+// Holders returns the claims holding pods in pool, sorted by namespace,
+// name, then UID. See AllocationStore.Holders. It never fails; it returns
+// nil when no claim holds a pod there.
+func (s *InMemory) Holders(pool types.NamespacedName) ([]Holder, error) {
+	p := s.lookup(pool)
+	if p == nil {
+		return nil, nil
+	}
+	p.mu.RLock()
+	if len(p.claims) == 0 {
+		p.mu.RUnlock()
+		return nil, nil
+	}
+	out := make([]Holder, 0, len(p.claims))
+	for _, c := range p.claims {
+		out = append(out, c.holder)
+	}
+	p.mu.RUnlock()
+	slices.SortFunc(out, compareHolders)
+	return out, nil
+}
+
+// Snapshot returns a copy of pool's index. See AllocationStore.Snapshot.
+// It never fails; the map is never nil.
+func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error) {
+	p := s.lookup(pool)
+	if p == nil {
+		return map[string]Holder{}, nil
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if len(p.pods) == 0 { // also a dead index, whose map is nil
+		return map[string]Holder{}, nil
+	}
+	return maps.Clone(p.pods), nil
+}
+
+// DeletePool forgets pool. See AllocationStore.DeletePool. It never fails.
+func (s *InMemory) DeletePool(pool types.NamespacedName) error {
+	s.mu.Lock()
+	p := s.pools[pool]
+	s.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	// Callers that looked p up before the delete may still lock it. Mark it
+	// dead and empty it so that they read nothing and write nothing.
+	p.mu.Lock()
+	p.dead = true
+	p.pods = nil
+	p.claims = nil
+	p.mu.Unlock()
+	return nil
+}
+
+// Pools returns the pools with at least one held pod, sorted by namespace,
+// then name. See AllocationStore.Pools. It never fails; it returns nil when
+// no pod is held anywhere.
+func (s *InMemory) Pools() ([]types.NamespacedName, error) {
+	s.mu.RLock()
+	var out []types.NamespacedName
+	for name, p := range s.pools {
+		p.mu.RLock()
+		if len(p.pods) > 0 {
+			out = append(out, name)
+		}
+		p.mu.RUnlock()
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, comparePools)
+	return out, nil
+}
+
+func compareHolders(a, b Holder) int {
+	if c := comparePools(a.Claim, b.Claim); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.UID, b.UID)
+}
+
+func comparePools(a, b types.NamespacedName) int {
+	if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Name, b.Name)
+}
+
+// checkNames reports the first empty pod name in pods.
+func checkNames(pool types.NamespacedName, pods []string) error {
+	for i, pod := range pods {
+		if pod == "" {
+			return fmt.Errorf("pool %s: pod at index %d: %w: empty pod name", pool, i, ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// errNotHeldOrDuplicate builds Free's error for pod, which the claim with
+// uid does not hold (holder and held tell who does). A pod listed twice in
+// pods takes precedence, as an invalid argument.
+func errNotHeldOrDuplicate(pool types.NamespacedName, uid types.UID, pods []string, pod string, holder Holder, held bool) error {
+	if dup, ok := firstDuplicate(pods); ok {
+		return errListedTwice(pool, dup)
+	}
+	if !held {
+		return fmt.Errorf("pool %s: pod %s: %w with UID %s: it is held by no claim", pool, pod, ErrNotHeld, uid)
+	}
+	return fmt.Errorf("pool %s: pod %s: %w with UID %s: it is held by claim %s", pool, pod, ErrNotHeld, uid, holder)
+}
+
+func errListedTwice(pool types.NamespacedName, pod string) error {
+	return fmt.Errorf("pool %s: pod %s: %w: pod listed twice", pool, pod, ErrInvalidArgument)
+}
+
+// smallDuplicateScan is the length up to which firstDuplicate compares
+// pairs instead of building a set: no allocation, and fast at this size.
+const smallDuplicateScan = 32
+
+// firstDuplicate returns the first name in pods that repeats an earlier
+// one. It runs only on error paths.
+func firstDuplicate(pods []string) (string, bool) {
+	if len(pods) <= smallDuplicateScan {
+		for i := 1; i < len(pods); i++ {
+			if slices.Contains(pods[:i], pods[i]) {
+				return pods[i], true
+			}
+		}
+		return "", false
+	}
+	seen := make(map[string]struct{}, len(pods))
+	for _, pod := range pods {
+		if _, ok := seen[pod]; ok {
+			return pod, true
+		}
+		seen[pod] = struct{}{}
+	}
+	return "", false
+}

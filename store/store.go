@@ -1,0 +1,90 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Holder identifies the claim that holds a pod. Claims are known by UID: a
+// claim deleted and recreated under the same name is a different holder.
+type Holder struct {
+	UID   types.UID
+	Claim types.NamespacedName
+}
+
+func (h Holder) String() string { return fmt.Sprintf("%s (uid %s)", h.Claim, h.UID) }
+
+// AllocationStore is the in-memory index pool → pod → claim. It makes no API
+// calls and knows no claim types; the allocator writes to it only after the
+// matching record is durable on the API server, so the store shows what the
+// API server holds.
+//
+// Pools are independent: an implementation must let calls on different
+// pools proceed in parallel and must be safe for concurrent use. Every
+// method returns an error, so that an implementation backed by something
+// that can fail fits the interface; the in-memory one fails only on invalid
+// arguments. Slices and maps returned belong to the caller; slices passed in
+// are not retained or modified.
+type AllocationStore interface {
+	// Allocate records that h holds pods in pool. It is all or nothing: if
+	// any pod is already held (by h or by another claim) it changes nothing
+	// and returns a *HeldError (matching ErrPodHeld). An empty pod name, an
+	// empty h.UID or a pod listed twice is ErrInvalidArgument.
+	Allocate(pool types.NamespacedName, h Holder, pods []string) error
+
+	// Free records that the claim with uid no longer holds pods in pool. It
+	// is all or nothing: if any pod is not held by that claim it changes
+	// nothing and returns an error matching ErrNotHeld. An empty pod name,
+	// an empty uid or a pod listed twice is ErrInvalidArgument.
+	Free(pool types.NamespacedName, uid types.UID, pods []string) error
+
+	// HolderOf returns the claim holding pod in pool; ok is false when the
+	// pod is held by no claim.
+	HolderOf(pool types.NamespacedName, pod string) (h Holder, ok bool, err error)
+
+	// Held returns the pods the claim with uid holds in pool, sorted by
+	// name; empty when it holds none.
+	Held(pool types.NamespacedName, uid types.UID) ([]string, error)
+
+	// Holders returns the claims holding at least one pod in pool, sorted
+	// by namespace, name, then UID.
+	Holders(pool types.NamespacedName) ([]Holder, error)
+
+	// Snapshot returns a copy of pool's index, pod name → holder.
+	Snapshot(pool types.NamespacedName) (map[string]Holder, error)
+
+	// DeletePool forgets everything about pool. Deleting an unknown pool is
+	// not an error.
+	DeletePool(pool types.NamespacedName) error
+
+	// Pools returns the pools with at least one held pod, sorted.
+	Pools() ([]types.NamespacedName, error)
+}
+
+// Errors returned by AllocationStore implementations, wrapped with the pool
+// and pod they concern. Match them with errors.Is.
+var (
+	// ErrPodHeld: Allocate was asked for a pod that a claim already holds.
+	ErrPodHeld = errors.New("pod is already held")
+	// ErrNotHeld: Free was asked for a pod the claim does not hold.
+	ErrNotHeld = errors.New("pod is not held by the claim")
+	// ErrInvalidArgument: an empty name or UID, or a pod listed twice.
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// HeldError reports which claim holds a pod that Allocate was asked for.
+// It matches ErrPodHeld.
+type HeldError struct {
+	Pool   types.NamespacedName
+	Pod    string
+	Holder Holder
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("pool %s: pod %s: %v by claim %s", e.Pool, e.Pod, ErrPodHeld, e.Holder)
+}
+
+// Is makes errors.Is(err, ErrPodHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrPodHeld }

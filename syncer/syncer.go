@@ -1,0 +1,127 @@
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Record is what a claim carries about its pods.
+//
+// Allocated and Released are written by the allocator only; Release is
+// written by the claim's owner only. A pod the claim holds is one in
+// Allocated and not in Released.
+type Record struct {
+	// Allocated lists the pods handed to the claim.
+	Allocated []string
+	// Release lists pods the claim's owner gives back.
+	Release []string
+	// Released lists pods whose recycling finished: the pool may hand them
+	// out again.
+	Released []string
+}
+
+// Held returns the pods of Allocated that are not in Released, in the
+// order of Allocated. The result is a new slice.
+func (r Record) Held() []string {
+	if len(r.Released) == 0 {
+		return append([]string(nil), r.Allocated...)
+	}
+	done := make(map[string]struct{}, len(r.Released))
+	for _, p := range r.Released {
+		done[p] = struct{}{}
+	}
+	out := make([]string, 0, len(r.Allocated))
+	for _, p := range r.Allocated {
+		if _, ok := done[p]; !ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// AllocationSyncer reads and writes claims' records and the allocation
+// finalizer on the API server.
+//
+// Implementations must be safe for concurrent use. They must never modify
+// the claim passed in: a write works on a copy, and only the returned object
+// shows the new state.
+type AllocationSyncer interface {
+	// Read decodes claim's record from the object as given. It makes no API
+	// call. A record that cannot be trusted (malformed, a pod listed twice,
+	// an invalid pod name, too large) is a *RecordError naming the claim,
+	// the annotation and the reason.
+	Read(claim client.Object) (Record, error)
+
+	// Write stores rec.Allocated and rec.Released on the claim and adds
+	// (finalizer true) or removes (false) the allocation finalizer, in one
+	// request guarded by the claim's resourceVersion: if the claim changed on
+	// the server since, nothing is written and the error is a Conflict
+	// (apierrors.IsConflict). rec.Release is not written: it belongs to the
+	// owner. A record that would exceed the API server's annotation size
+	// limit is refused before anything is sent, with an error matching
+	// ErrRecordTooLarge. Other finalizers and annotations are kept. On
+	// success it returns the claim as the server stored it.
+	Write(ctx context.Context, claim client.Object, rec Record, finalizer bool) (client.Object, error)
+
+	// Get reads the claim's current state from the API server itself,
+	// bypassing any cache. It is used to settle conflicts and writes whose
+	// outcome is unknown. A claim that no longer exists is a NotFound error
+	// (apierrors.IsNotFound).
+	Get(ctx context.Context, claim client.Object) (client.Object, error)
+
+	// HasFinalizer reports whether claim carries the allocation finalizer.
+	HasFinalizer(claim client.Object) bool
+}
+
+// Errors of this package. Match them with errors.Is.
+var (
+	// ErrMalformedRecord: an annotation holds something that is not a valid
+	// record. Returned as a *RecordError.
+	ErrMalformedRecord = errors.New("malformed record")
+	// ErrRecordTooLarge: a record would exceed the API server's limit on
+	// the total size of an object's annotations.
+	ErrRecordTooLarge = errors.New("record too large")
+	// ErrInvalidKeys: Keys with an empty or invalid annotation or finalizer
+	// name, or two keys equal.
+	ErrInvalidKeys = errors.New("invalid keys")
+)
+
+// RecordError says which claim's record could not be used, in which
+// annotation, and why. It matches ErrMalformedRecord, or ErrRecordTooLarge
+// when the record is over the size limit.
+//
+// EncodePods and DecodePods return it with Claim and Key empty: they see a
+// value, not a claim.
+type RecordError struct {
+	// Claim is "namespace/name" of the claim ("name" if it has no
+	// namespace).
+	Claim string
+	// Key is the annotation.
+	Key string
+	// Reason says what is wrong, for people.
+	Reason string
+	// Err is the sentinel it matches.
+	Err error
+}
+
+func (e *RecordError) Error() string {
+	var b strings.Builder
+	if e.Claim != "" {
+		b.WriteString("claim ")
+		b.WriteString(e.Claim)
+		b.WriteString(": ")
+	}
+	if e.Key != "" {
+		b.WriteString("record ")
+		b.WriteString(e.Key)
+		b.WriteString(": ")
+	}
+	fmt.Fprintf(&b, "%s: %v", e.Reason, e.Err)
+	return b.String()
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
