@@ -44,6 +44,24 @@ type Input struct {
 	Claims []Claim
 }
 
+// Changes is what changed in a pool since the caller's last Round or
+// Update: the input of Update for a caller that follows the pool through
+// informer events instead of listing it whole every time.
+type Changes struct {
+	// Pool names the pool.
+	Pool types.NamespacedName
+	// Pods are pods added or changed.
+	Pods []corev1.Pod
+	// DeletedPods are names of pods that left the pool.
+	DeletedPods []string
+	// Claims are claims added or changed. An unchanged claim may be
+	// passed again; it costs a map lookup.
+	Claims []Claim
+	// DeletedClaims are UIDs of claims that were deleted or no longer
+	// reference the pool; the pods they hold are given back.
+	DeletedClaims []types.UID
+}
+
 // LostPod is a pod a claim holds that is missing from the pool's listing or
 // no longer ready.
 type LostPod struct {
@@ -68,7 +86,7 @@ type Result struct {
 	Recycling []string
 	// Lost lists held pods that are missing or not ready.
 	Lost []LostPod
-	// Idle lists the ready pods no claim holds, sorted.
+	// Idle lists the ready pods no claim holds, in no particular order.
 	Idle []string
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
@@ -88,6 +106,14 @@ type Allocator interface {
 	// failed, a pool blocked by an unreadable record), and the caller
 	// should run another round later.
 	Round(ctx context.Context, in Input) (Result, error)
+
+	// Update is Round for a caller that tracks what changed: it applies
+	// the changes to what the allocator last saw of the pool and runs a
+	// round whose cost grows with the changes and the claims still
+	// waiting, not with the pool. The pool's first round must be a Round,
+	// which recovers the pool from a complete listing; Update before that
+	// is ErrInvalidInput.
+	Update(ctx context.Context, ch Changes) (Result, error)
 
 	// ForgetPool drops everything known about a pool that was deleted. A
 	// pool created again under the same name starts empty. It waits for a
@@ -210,13 +236,32 @@ type pool struct {
 	// podInfo knows its index for O(1) removal.
 	free   []algorithm.Candidate
 	claims map[types.UID]*claimInfo
+
+	// The sets below let a round visit only what may change, never the
+	// whole pool.
+
+	// dirty holds the claims whose holdings may change: changed, short of
+	// pods, giving pods back, terminating, orphaned. A claim leaves it
+	// once settled.
+	dirty map[*claimInfo]struct{}
+	// recycling holds the held pods being given back.
+	recycling map[string]*podInfo
+	// reserved holds the pods named by writes of unknown outcome.
+	reserved map[string]*podInfo
+	// lost holds the held pods, not being recycled, that are missing or not
+	// ready.
+	lost map[string]*podInfo
 }
 
 func newPool(name types.NamespacedName) *pool {
 	return &pool{
-		name:   name,
-		pods:   make(map[string]*podInfo),
-		claims: make(map[types.UID]*claimInfo),
+		name:      name,
+		pods:      make(map[string]*podInfo),
+		claims:    make(map[types.UID]*claimInfo),
+		dirty:     make(map[*claimInfo]struct{}),
+		recycling: make(map[string]*podInfo),
+		reserved:  make(map[string]*podInfo),
+		lost:      make(map[string]*podInfo),
 	}
 }
 
@@ -245,8 +290,21 @@ func (p *pool) candidate(pi *podInfo) bool {
 	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil
 }
 
-// refreshFree puts pi in or out of the free list to match candidate().
+// refreshFree puts pi in or out of the free list to match candidate(), and
+// in or out of the lost set. A held pod that becomes lost or found makes its
+// claim dirty.
 func (p *pool) refreshFree(pi *podInfo) {
+	isLost := pi.holder != nil && !pi.recycling && (!pi.present || !pi.ready)
+	if _, was := p.lost[pi.name]; was != isLost {
+		if isLost {
+			p.lost[pi.name] = pi
+		} else {
+			delete(p.lost, pi.name)
+		}
+		if pi.holder != nil {
+			p.dirty[pi.holder] = struct{}{}
+		}
+	}
 	want := p.candidate(pi)
 	switch {
 	case want && pi.freeIdx < 0:

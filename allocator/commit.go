@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -48,7 +49,7 @@ func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
 	for ci, pods := range done {
 		get(ci).done = pods
 	}
-	for _, ci := range p.claims {
+	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
 			for name, pi := range ci.held {
 				if !pi.present && !pi.recycling {
@@ -274,6 +275,7 @@ func (r *round) apply(w *write) {
 			for _, name := range w.add {
 				pi := p.pods[name]
 				pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+				p.reserved[name] = pi
 				p.refreshFree(pi)
 			}
 		}
@@ -321,31 +323,22 @@ func (r *round) apply(w *write) {
 	}
 }
 
-// report fills the parts of the result that describe the pool.
+// report fills the parts of the result that describe the pool. It visits
+// the free list and the recycling and lost sets, not the whole pool.
 func (r *round) report() {
-	res := r.res
-	res.Recycling, res.Lost, res.Idle = nil, nil, nil
-	for _, c := range r.p.free {
-		res.Idle = append(res.Idle, c.Name)
+	res, p := r.res, r.p
+	res.Idle = make([]string, len(p.free))
+	for i, c := range p.free {
+		res.Idle[i] = c.Name
 	}
-	for _, ci := range r.p.claims {
-		for name, pi := range ci.held {
-			if pi.recycling {
-				res.Recycling = append(res.Recycling, name)
-			} else if !pi.present || !pi.ready {
-				res.Lost = append(res.Lost, LostPod{Claim: ci.name, UID: ci.uid, Pod: name, Missing: !pi.present})
-			}
-		}
+	res.Recycling, res.Lost = nil, nil
+	for name := range p.recycling {
+		res.Recycling = append(res.Recycling, name)
 	}
-	slices.Sort(res.Idle)
 	slices.Sort(res.Recycling)
-	slices.SortFunc(res.Lost, func(x, y LostPod) int {
-		if x.Pod < y.Pod {
-			return -1
-		}
-		if x.Pod > y.Pod {
-			return 1
-		}
-		return 0
-	})
+	for name, pi := range p.lost {
+		ci := pi.holder
+		res.Lost = append(res.Lost, LostPod{Claim: ci.name, UID: ci.uid, Pod: name, Missing: !pi.present})
+	}
+	slices.SortFunc(res.Lost, func(x, y LostPod) int { return strings.Compare(x.Pod, y.Pod) })
 }

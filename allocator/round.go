@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,30 +49,133 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
 
-	r.observePods(in)
+	for i := range in.Pods {
+		r.observePod(&in.Pods[i])
+	}
+	for name, pi := range p.pods {
+		if pi.seen != p.gen {
+			r.podGone(name, pi)
+		}
+	}
 	if !p.recovered {
 		if err := r.recover(in.Claims); err != nil {
 			r.report()
 			return res, err
 		}
 	}
-	if err := r.observeClaims(in.Claims); err != nil {
-		r.report()
+	for _, c := range in.Claims {
+		if err := r.observeClaim(c); err != nil {
+			r.report()
+			return res, err
+		}
+	}
+	for _, ci := range p.claims {
+		if ci.seen != p.gen {
+			r.claimGone(ci)
+		}
+	}
+	return r.run()
+}
+
+func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, error) {
+	res := Result{Pool: ch.Pool}
+	if err := validateInput(Input{Pool: ch.Pool, Pods: ch.Pods, Claims: ch.Claims}); err != nil {
 		return res, err
 	}
+	p := a.getPool(ch.Pool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.recovered {
+		return res, fmt.Errorf("%w: pool %s: Update before the pool's first Round", ErrInvalidInput, ch.Pool)
+	}
+	p.gen++
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+	for i := range ch.Pods {
+		r.observePod(&ch.Pods[i])
+	}
+	for _, name := range ch.DeletedPods {
+		if pi := p.pods[name]; pi != nil {
+			r.podGone(name, pi)
+		}
+	}
+	for _, c := range ch.Claims {
+		if err := r.observeClaim(c); err != nil {
+			r.report()
+			return res, err
+		}
+	}
+	for _, uid := range ch.DeletedClaims {
+		if ci := p.claims[uid]; ci != nil {
+			r.claimGone(ci)
+		}
+	}
+	return r.run()
+}
+
+// run is the part of a round after the input was observed: plan, recycle,
+// commit, report.
+func (r *round) run() (Result, error) {
 	r.settleReservations()
 	act, err := r.plan()
 	if err != nil {
 		r.report()
-		return res, err
+		return *r.res, err
 	}
 	r.queueReleases(act.Release)
 	r.queueOrphans()
 	done := r.recycle()
 	r.commit(act.Allocate, done)
 	r.res.Shortfall = act.Shortfall + r.shortfall
+	r.settle()
 	r.report()
-	return res, errors.Join(r.errs...)
+	return *r.res, errors.Join(r.errs...)
+}
+
+// settle drops from the dirty set the claims with nothing left to do, and
+// forgets claims that left the pool holding nothing.
+func (r *round) settle() {
+	p := r.p
+	for ci := range p.dirty {
+		if !ci.listed {
+			if len(ci.held) == 0 && !r.hasReservations(ci) {
+				delete(p.dirty, ci)
+				if p.claims[ci.uid] == ci {
+					delete(p.claims, ci.uid)
+				}
+			}
+			continue
+		}
+		if r.settled(ci) {
+			delete(p.dirty, ci)
+		}
+	}
+}
+
+// settled reports whether a listed claim needs nothing from the next round
+// unless something about it changes.
+func (r *round) settled(ci *claimInfo) bool {
+	if ci.recycling > 0 || r.hasReservations(ci) {
+		return false
+	}
+	if ci.terminating {
+		return len(ci.held) == 0 && !r.a.cfg.syncer.HasFinalizer(ci.obj)
+	}
+	if len(ci.held) != ci.want {
+		return false
+	}
+	for _, pod := range ci.release {
+		if _, done := ci.consumed[pod]; !done && ci.held[pod] != nil {
+			return false
+		}
+	}
+	if r.a.cfg.replaceLost {
+		for name := range ci.held {
+			if _, lost := r.p.lost[name]; lost {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func validateInput(in Input) error {
@@ -113,39 +218,38 @@ func validateInput(in Input) error {
 	return nil
 }
 
-// observePods brings the pool's pod table in line with the listing.
-func (r *round) observePods(in Input) {
-	p, ready := r.p, r.a.cfg.ready
-	for i := range in.Pods {
-		pod := &in.Pods[i]
-		pi := p.pods[pod.Name]
-		if pi == nil {
-			pi = &podInfo{name: pod.Name, freeIdx: -1}
-			p.pods[pod.Name] = pi
-		}
-		pi.seen = p.gen
-		if !pi.present || pi.rv != pod.ResourceVersion || pod.ResourceVersion == "" {
-			pi.present = true
-			pi.rv = pod.ResourceVersion
-			pi.ready = ready(pod)
-			pi.node = pod.Spec.NodeName
-			if r.a.cfg.zoneLabel != "" {
-				pi.zone = pod.Labels[r.a.cfg.zoneLabel]
-			}
-			p.refreshFree(pi)
-		}
+// observePod records a pod of the listing. A pod whose resourceVersion did
+// not change costs a map lookup.
+func (r *round) observePod(pod *corev1.Pod) {
+	p := r.p
+	pi := p.pods[pod.Name]
+	if pi == nil {
+		pi = &podInfo{name: pod.Name, freeIdx: -1}
+		p.pods[pod.Name] = pi
 	}
-	for name, pi := range p.pods {
-		if pi.seen == p.gen {
-			continue
-		}
-		if pi.present {
-			pi.present, pi.ready, pi.rv = false, false, ""
-			p.refreshFree(pi)
-		}
-		if pi.holder == nil && pi.reservedBy == nil {
-			delete(p.pods, name)
-		}
+	pi.seen = p.gen
+	if pi.present && pi.rv == pod.ResourceVersion && pod.ResourceVersion != "" {
+		return
+	}
+	pi.present = true
+	pi.rv = pod.ResourceVersion
+	pi.ready = r.a.cfg.ready(pod)
+	pi.node = pod.Spec.NodeName
+	if r.a.cfg.zoneLabel != "" {
+		pi.zone = pod.Labels[r.a.cfg.zoneLabel]
+	}
+	p.refreshFree(pi)
+}
+
+// podGone records that a pod left the pool.
+func (r *round) podGone(name string, pi *podInfo) {
+	p := r.p
+	if pi.present {
+		pi.present, pi.ready, pi.rv = false, false, ""
+		p.refreshFree(pi)
+	}
+	if pi.holder == nil && pi.reservedBy == nil {
+		delete(p.pods, name)
 	}
 }
 
@@ -199,11 +303,15 @@ func (r *round) recover(claims []Claim) error {
 		return fmt.Errorf("pool %s: recover: %w", p.name, err)
 	}
 	for _, pi := range p.pods {
-		pi.holder, pi.recycling = nil, false
+		pi.holder, pi.recycling, pi.recycled = nil, false, false
 	}
+	clear(p.recycling)
+	clear(p.lost)
+	clear(p.dirty)
 	p.claims = make(map[types.UID]*claimInfo, len(all))
 	for _, f := range all {
 		p.claims[f.ci.uid] = f.ci
+		p.dirty[f.ci] = struct{}{}
 		if len(f.held) == 0 {
 			continue
 		}
@@ -264,63 +372,62 @@ func (r *round) unhold(ci *claimInfo, pod string) {
 	delete(ci.held, pod)
 	pi.holder = nil
 	if pi.recycling {
-		pi.recycling = false
+		pi.recycling, pi.recycled = false, false
 		ci.recycling--
-	}
-	if !pi.present && pi.reservedBy == nil {
-		delete(r.p.pods, pod)
-		return
+		delete(r.p.recycling, pod)
 	}
 	r.p.refreshFree(pi)
+	if !pi.present && pi.reservedBy == nil {
+		delete(r.p.pods, pod)
+	}
 }
 
-// observeClaims updates the claim table from the listing. Only claims whose
-// resourceVersion is new to the allocator are decoded.
-func (r *round) observeClaims(claims []Claim) error {
+// observeClaim records a claim of the listing. Only a claim whose
+// resourceVersion is new to the allocator is decoded: an older version than
+// one the allocator wrote carries a resourceVersion it already saw.
+func (r *round) observeClaim(c Claim) error {
 	p, a := r.p, r.a
-	for _, c := range claims {
-		o := c.Object
-		uid, rv := o.GetUID(), o.GetResourceVersion()
-		ci := p.claims[uid]
-		switch {
-		case ci == nil:
-			ci = newClaimInfo(c)
-			rec, err := a.cfg.syncer.Read(o)
-			if err != nil {
-				return r.blocked(ci.uid, ci.name, err)
-			}
-			ci.release, ci.released = rec.Release, rec.Released
-			r.checkRecord(ci, rec)
-			p.claims[uid] = ci
-		case rv == "" || !ci.sawRV(rv):
-			// New to us: the owner changed it. An older version than
-			// one we wrote carries an RV we already saw.
-			rec, err := a.cfg.syncer.Read(o)
-			if err != nil {
-				return r.blocked(ci.uid, ci.name, err)
-			}
-			ci.obj = o
-			ci.addRV(rv)
-			ci.setRelease(rec.Release)
-			ci.want, ci.priority = c.Want, c.Priority
-			if o.GetDeletionTimestamp() != nil {
-				ci.terminating = true
-			}
-			r.checkRecord(ci, rec)
+	o := c.Object
+	uid, rv := o.GetUID(), o.GetResourceVersion()
+	ci := p.claims[uid]
+	switch {
+	case ci == nil:
+		ci = newClaimInfo(c)
+		rec, err := a.cfg.syncer.Read(o)
+		if err != nil {
+			return r.blocked(ci.uid, ci.name, err)
 		}
-		ci.seen = p.gen
-		ci.listed = true
+		ci.release, ci.released = rec.Release, rec.Released
+		r.checkRecord(ci, rec)
+		p.claims[uid] = ci
+		p.dirty[ci] = struct{}{}
+	case rv == "" || !ci.sawRV(rv):
+		rec, err := a.cfg.syncer.Read(o)
+		if err != nil {
+			return r.blocked(ci.uid, ci.name, err)
+		}
+		ci.obj = o
+		ci.addRV(rv)
+		ci.setRelease(rec.Release)
+		ci.want, ci.priority = c.Want, c.Priority
+		if o.GetDeletionTimestamp() != nil {
+			ci.terminating = true
+		}
+		r.checkRecord(ci, rec)
+		p.dirty[ci] = struct{}{}
+	case !ci.listed:
+		p.dirty[ci] = struct{}{}
 	}
-	for uid, ci := range p.claims {
-		if ci.seen == p.gen {
-			continue
-		}
-		ci.listed = false
-		if len(ci.held) == 0 && !r.hasReservations(ci) {
-			delete(p.claims, uid)
-		}
-	}
+	ci.seen = p.gen
+	ci.listed = true
 	return nil
+}
+
+// claimGone records that a claim left the pool's listing: deleted,
+// force-deleted or moved. Its pods are given back.
+func (r *round) claimGone(ci *claimInfo) {
+	ci.listed = false
+	r.p.dirty[ci] = struct{}{}
 }
 
 // checkRecord compares the pods a claim's record says it holds with what the
@@ -353,7 +460,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 }
 
 func (r *round) hasReservations(ci *claimInfo) bool {
-	for _, pi := range r.p.pods {
+	for _, pi := range r.p.reserved {
 		if pi.reservedBy == ci {
 			return true
 		}
@@ -365,11 +472,12 @@ func (r *round) hasReservations(ci *claimInfo) bool {
 // outcome, whether the write landed: once the claim's newest known record
 // lists the pod, or once the quarantine is over and a live read says so.
 func (r *round) settleReservations() {
+	if len(r.p.reserved) == 0 {
+		return
+	}
 	byClaim := make(map[*claimInfo][]*podInfo)
-	for _, pi := range r.p.pods {
-		if pi.reservedBy != nil {
-			byClaim[pi.reservedBy] = append(byClaim[pi.reservedBy], pi)
-		}
+	for _, pi := range r.p.reserved {
+		byClaim[pi.reservedBy] = append(byClaim[pi.reservedBy], pi)
 	}
 	for ci, pods := range byClaim {
 		rec, err := r.a.cfg.syncer.Read(ci.obj)
@@ -398,7 +506,9 @@ func (r *round) settleReservations() {
 		for i, pi := range pods {
 			names[i] = pi.name
 			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			delete(r.p.reserved, pi.name)
 		}
+		r.p.dirty[ci] = struct{}{}
 		if landed {
 			if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
 				r.errs = append(r.errs, r.claimErr(ci, err))
@@ -452,7 +562,7 @@ func (r *round) claimErr(ci *claimInfo, err error) error {
 func (r *round) plan() (algorithm.Action, error) {
 	p, replace := r.p, r.a.cfg.replaceLost
 	var reqs []algorithm.Request
-	for _, ci := range p.claims {
+	for ci := range p.dirty {
 		if !ci.listed {
 			continue
 		}
@@ -469,8 +579,8 @@ func (r *round) plan() (algorithm.Action, error) {
 		keep := len(ci.held) - ci.recycling
 		var lost int
 		if replace {
-			for _, pi := range ci.held {
-				if !pi.recycling && (!pi.present || !pi.ready) {
+			for name := range ci.held {
+				if _, ok := p.lost[name]; ok {
 					lost++
 				}
 			}
@@ -571,6 +681,8 @@ func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
 	}
 	pi.recycling = true
 	ci.recycling++
+	r.p.recycling[pi.name] = pi
+	r.p.refreshFree(pi)
 }
 
 func (r *round) queueReleases(grants []algorithm.Grant) {
@@ -585,7 +697,7 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 // queueOrphans gives back every pod held by a claim that is not in the
 // listing any more: deleted, force-deleted or moved to another pool.
 func (r *round) queueOrphans() {
-	for _, ci := range r.p.claims {
+	for ci := range r.p.dirty {
 		if ci.listed {
 			continue
 		}
@@ -604,21 +716,18 @@ func (r *round) recycle() map[*claimInfo][]string {
 	}
 	var jobs []job
 	done := make(map[*claimInfo][]string)
-	for _, ci := range r.p.claims {
-		if ci.recycling == 0 {
+	for _, pi := range r.p.recycling {
+		ci := pi.holder
+		if !pi.present || pi.recycled {
+			done[ci] = append(done[ci], pi.name)
 			continue
 		}
-		for _, pi := range ci.held {
-			if !pi.recycling {
-				continue
-			}
-			if !pi.present || pi.recycled {
-				done[ci] = append(done[ci], pi.name)
-				continue
-			}
-			jobs = append(jobs, job{ci, pi})
-		}
+		jobs = append(jobs, job{ci, pi})
 	}
+	for _, pods := range done {
+		slices.Sort(pods)
+	}
+	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name, y.pi.name) })
 	results := make([]error, len(jobs))
 	finished := make([]bool, len(jobs))
 	r.parallel(len(jobs), func(i int) {

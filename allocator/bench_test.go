@@ -1,0 +1,227 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	clienttesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// The benchmarks run rounds through controller-runtime's fake client, so
+// each write's cost includes the fake server's JSON patch handling; the
+// allocator's own share is what grows, or not, with the pool.
+
+// benchPool is a steady pool: pods Ready pods, claims of podsPerClaim pods
+// holding 80% of them, all recorded on a fake API server and recovered by
+// the allocator.
+type benchPool struct {
+	c      client.Client
+	a      allocator.Allocator
+	pool   types.NamespacedName
+	in     allocator.Input
+	next   int // claims created so far
+	free   int // pods still free
+	per    int
+	claims []allocator.Claim
+}
+
+func readyPod(ns, name string) corev1.Pod {
+	return corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: "1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+		}},
+	}
+}
+
+func newBenchPool(b *testing.B, pods, per int, opts ...allocator.Option) *benchPool {
+	b.Helper()
+	return newBenchPoolHeld(b, pods, per, pods*8/10, opts...)
+}
+
+// newBenchPoolHeld is newBenchPool with held pods held.
+func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Option) *benchPool {
+	b.Helper()
+	scheme, err := testenv.NewScheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const ns = "bench"
+	bp := &benchPool{pool: types.NamespacedName{Namespace: ns, Name: "p"}, per: per}
+	bp.in.Pool = bp.pool
+	for i := range pods {
+		bp.in.Pods = append(bp.in.Pods, readyPod(ns, "p-"+strconv.Itoa(i)))
+	}
+	objs := make([]client.Object, 0, held/per)
+	keys := syncer.DefaultKeys()
+	for i := 0; i+per <= held; i += per {
+		names := make([]string, per)
+		for j := range per {
+			names[j] = "p-" + strconv.Itoa(i+j)
+		}
+		v, err := syncer.EncodePods(names)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cl := bp.newClaim()
+		cl.Annotations = map[string]string{keys.Allocated: v}
+		cl.Finalizers = []string{keys.Finalizer}
+		objs = append(objs, cl)
+	}
+	// A plain object tracker: the default one also maintains managed
+	// fields, which triples the cost of every fake write and is not what
+	// is measured here.
+	tracker := clienttesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
+	bp.c = fake.NewClientBuilder().WithScheme(scheme).WithObjectTracker(tracker).WithObjects(objs...).Build()
+	for _, o := range objs {
+		// Read back for the resourceVersion the fake server gave it.
+		cl := &testenv.Claim{}
+		if err := bp.c.Get(context.Background(), client.ObjectKeyFromObject(o), cl); err != nil {
+			b.Fatal(err)
+		}
+		bp.in.Claims = append(bp.in.Claims, allocator.Claim{Object: cl, Want: per})
+	}
+	bp.free = pods - len(objs)*per
+	bp.a, err = allocator.New(bp.c, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := bp.a.Round(context.Background(), bp.in); err != nil {
+		b.Fatal(err)
+	}
+	return bp
+}
+
+func (bp *benchPool) newClaim() *testenv.Claim {
+	bp.next++
+	name := fmt.Sprintf("c-%d", bp.next)
+	cl := testenv.NewClaim(bp.pool.Namespace, name, bp.pool.Name, int32(bp.per))
+	cl.UID = types.UID("uid-" + name)
+	cl.CreationTimestamp = metav1.NewTime(time.Unix(int64(bp.next), 0))
+	return cl
+}
+
+// addClaim creates one new claim on the fake server and returns it as
+// round input.
+func (bp *benchPool) addClaim(b *testing.B) allocator.Claim {
+	cl := bp.newClaim()
+	if err := bp.c.Create(context.Background(), cl); err != nil {
+		b.Fatal(err)
+	}
+	return allocator.Claim{Object: cl, Want: bp.per}
+}
+
+func benchSizes(b *testing.B, f func(b *testing.B, pods int)) {
+	for _, pods := range []int{1000, 10000, 50000} {
+		b.Run("pods="+strconv.Itoa(pods), func(b *testing.B) { f(b, pods) })
+	}
+}
+
+// BenchmarkRoundFullListing is one round with one new claim, given the
+// whole pool as input (Round).
+func BenchmarkRoundFullListing(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) {
+		var bp *benchPool
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			if bp == nil || bp.free < bp.per {
+				bp = newBenchPool(b, pods, 1)
+			}
+			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
+			bp.free -= bp.per
+			b.StartTimer()
+			res, err := bp.a.Round(context.Background(), bp.in)
+			if err != nil || len(res.Allocated) != 1 {
+				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+			}
+		}
+	})
+}
+
+// roundBench measures one round with one new claim of per pods, given as a
+// change (Update): the state of an operator that follows the pool through
+// informer events.
+func roundBench(b *testing.B, pods, per int) {
+	var bp *benchPool
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if bp == nil || bp.free < bp.per {
+			bp = newBenchPool(b, pods, per)
+		}
+		cl := bp.addClaim(b)
+		bp.free -= bp.per
+		b.StartTimer()
+		res, err := bp.a.Update(context.Background(), allocator.Changes{Pool: bp.pool, Claims: []allocator.Claim{cl}})
+		if err != nil || len(res.Allocated) != 1 {
+			b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+		}
+	}
+}
+
+// BenchmarkRound is one full round (plan and commit through the fake
+// client) on a steady pool, 80% held by single-pod claims, with one new
+// single-pod claim.
+func BenchmarkRound(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) { roundBench(b, pods, 1) })
+}
+
+// BenchmarkRound10 is BenchmarkRound with 10-pod claims.
+func BenchmarkRound10(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) { roundBench(b, pods, 10) })
+}
+
+// BenchmarkRecover is a restart: a new allocator's first round rebuilds a
+// pool of 10,000 single-pod claims (12,500 pods) from their records.
+func BenchmarkRecover(b *testing.B) {
+	b.Run("claims=10000", func(b *testing.B) {
+		bp := newBenchPool(b, 12500, 1)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			a, err := allocator.New(bp.c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := a.Round(context.Background(), bp.in); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkFill fills an empty 10,000-pod pool one single-pod claim per
+// round (Update) and reports claims/s.
+func BenchmarkFill(b *testing.B) {
+	const pods = 10000
+	b.ReportAllocs()
+	claims := 0
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		bp := newBenchPoolHeld(b, pods, 1, 0)
+		b.StartTimer()
+		for range pods {
+			cl := bp.addClaim(b)
+			res, err := bp.a.Update(context.Background(), allocator.Changes{Pool: bp.pool, Claims: []allocator.Claim{cl}})
+			if err != nil || len(res.Allocated) != 1 {
+				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+			}
+			claims++
+		}
+	}
+	b.ReportMetric(float64(claims)/b.Elapsed().Seconds(), "claims/s")
+}
