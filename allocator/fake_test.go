@@ -76,3 +76,49 @@ func TestFakeLifecycleSmoke(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after)
 }
+
+func TestUpdateFollowsChanges(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	pods, err := testenv.CreatePods(ctx, c, "ns", "p", 3, true)
+	require.NoError(t, err)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+
+	_, err = a.Update(ctx, allocator.Changes{Pool: pool, Pods: pods})
+	require.ErrorIs(t, err, allocator.ErrInvalidInput, "Update before the first Round")
+
+	_, err = a.Round(ctx, allocator.Input{Pool: pool, Pods: pods})
+	require.NoError(t, err)
+
+	cl := testenv.NewClaim("ns", "a", "p", 2)
+	cl.UID = "uid-a"
+	require.NoError(t, c.Create(ctx, cl))
+	res, err := a.Update(ctx, allocator.Changes{Pool: pool, Claims: []allocator.Claim{{Object: cl, Want: 2}}})
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	held := res.Allocated[0].Pods
+	require.Len(t, held, 2)
+	require.Len(t, res.Idle, 1)
+
+	// A held pod is deleted: reported lost, through the change alone.
+	res, err = a.Update(ctx, allocator.Changes{Pool: pool, DeletedPods: []string{held[0]}})
+	require.NoError(t, err)
+	require.Len(t, res.Lost, 1)
+	require.Equal(t, held[0], res.Lost[0].Pod)
+	require.True(t, res.Lost[0].Missing)
+
+	// The claim is force-deleted: its remaining pod is recycled and freed.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Finalizers = nil
+	require.NoError(t, c.Update(ctx, cl))
+	require.NoError(t, c.Delete(ctx, cl))
+	res, err = a.Update(ctx, allocator.Changes{Pool: pool, DeletedClaims: []types.UID{"uid-a"}})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{held[0], held[1]}, res.Released[0].Pods)
+	snap, err := a.Store().Snapshot(pool)
+	require.NoError(t, err)
+	require.Empty(t, snap)
+	require.Len(t, res.Idle, 2)
+}
