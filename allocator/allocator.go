@@ -87,7 +87,11 @@ type Result struct {
 	// Lost lists held pods that are missing or not ready.
 	Lost []LostPod
 	// Idle lists the ready pods no claim holds, in no particular order.
+	// Round fills it; Update leaves it nil, as listing them costs the
+	// pool's size.
 	Idle []string
+	// IdleCount is the number of idle pods.
+	IdleCount int
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
 	Shortfall int
@@ -236,6 +240,9 @@ type pool struct {
 	// podInfo knows its index for O(1) removal.
 	free   []algorithm.Candidate
 	claims map[types.UID]*claimInfo
+
+	// dirtyPeak is the largest size of dirty since it was last rebuilt.
+	dirtyPeak int
 
 	// The sets below let a round visit only what may change, never the
 	// whole pool.

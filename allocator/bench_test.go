@@ -225,3 +225,65 @@ func BenchmarkFill(b *testing.B) {
 	}
 	b.ReportMetric(float64(claims)/b.Elapsed().Seconds(), "claims/s")
 }
+
+// memSyncer is an AllocationSyncer that keeps writes in the object it
+// returns and sends nothing anywhere: BenchmarkRoundNoServer uses it to
+// measure the allocator's own share of a round, without a (fake) server.
+type memSyncer struct {
+	syncer.AllocationSyncer // Read and HasFinalizer: the real annotation codec
+	rv                      int
+}
+
+func (m *memSyncer) Write(_ context.Context, claim client.Object, rec syncer.Record, fin bool) (client.Object, error) {
+	keys := syncer.DefaultKeys()
+	out := claim.DeepCopyObject().(client.Object)
+	v, err := syncer.EncodePods(rec.Allocated)
+	if err != nil {
+		return nil, err
+	}
+	ann := map[string]string{keys.Allocated: v}
+	out.SetAnnotations(ann)
+	if fin {
+		out.SetFinalizers([]string{keys.Finalizer})
+	}
+	m.rv++
+	out.SetResourceVersion("m" + strconv.Itoa(m.rv))
+	return out, nil
+}
+
+func (m *memSyncer) Get(_ context.Context, claim client.Object) (client.Object, error) {
+	return claim, nil
+}
+
+// BenchmarkRoundNoServer is BenchmarkRound with writes kept in memory: the
+// allocator's and the record codec's own time and allocations per round.
+func BenchmarkRoundNoServer(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) {
+		var bp *benchPool
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			if bp == nil || bp.free < 1 {
+				bp = newBenchPool(b, pods, 1)
+				real, err := syncer.NewAnnotationSyncer(bp.c, syncer.DefaultKeys())
+				if err != nil {
+					b.Fatal(err)
+				}
+				bp.a, err = allocator.New(nil, allocator.WithSyncer(&memSyncer{AllocationSyncer: real}))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := bp.a.Round(context.Background(), bp.in); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cl := bp.newClaim()
+			bp.free--
+			b.StartTimer()
+			res, err := bp.a.Update(context.Background(), allocator.Changes{Pool: bp.pool, Claims: []allocator.Claim{{Object: cl, Want: 1}}})
+			if err != nil || len(res.Allocated) != 1 {
+				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+			}
+		}
+	})
+}

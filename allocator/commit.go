@@ -327,9 +327,12 @@ func (r *round) apply(w *write) {
 // the free list and the recycling and lost sets, not the whole pool.
 func (r *round) report() {
 	res, p := r.res, r.p
-	res.Idle = make([]string, len(p.free))
-	for i, c := range p.free {
-		res.Idle[i] = c.Name
+	res.IdleCount, res.Idle = len(p.free), nil
+	if r.listIdle {
+		res.Idle = make([]string, len(p.free))
+		for i, c := range p.free {
+			res.Idle[i] = c.Name
+		}
 	}
 	res.Recycling, res.Lost = nil, nil
 	for name := range p.recycling {

@@ -36,6 +36,9 @@ type round struct {
 	errs []error
 	// shortfall adds demand the algorithm did not see (moving claims).
 	shortfall int
+	// listIdle asks report for the names of idle pods (Round), not only
+	// their number (Update).
+	listIdle bool
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -74,6 +77,7 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 			r.claimGone(ci)
 		}
 	}
+	r.listIdle = true
 	return r.run()
 }
 
@@ -115,6 +119,9 @@ func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, erro
 // run is the part of a round after the input was observed: plan, recycle,
 // commit, report.
 func (r *round) run() (Result, error) {
+	if n := len(r.p.dirty); n > r.p.dirtyPeak {
+		r.p.dirtyPeak = n
+	}
 	r.settleReservations()
 	act, err := r.plan()
 	if err != nil {
@@ -148,6 +155,18 @@ func (r *round) settle() {
 		if r.settled(ci) {
 			delete(p.dirty, ci)
 		}
+	}
+	// A Go map keeps its buckets when emptied, and ranging over it visits
+	// them all: once recovery's burst of dirty claims has settled, start a
+	// small map so later rounds do not pay for the pool's size.
+	if n := len(p.dirty); n < p.dirtyPeak/4 {
+		small := make(map[*claimInfo]struct{}, n)
+		for ci := range p.dirty {
+			small[ci] = struct{}{}
+		}
+		p.dirty, p.dirtyPeak = small, n
+	} else if n > p.dirtyPeak {
+		p.dirtyPeak = n
 	}
 }
 

@@ -47,6 +47,11 @@ type InMemory struct {
 
 var _ AllocationStore = (*InMemory)(nil)
 
+// testHookLookedUp, when not nil, runs in Allocate and Free between looking
+// a pool's index up and locking it, so that tests can run DeletePool in
+// that window. Set only by tests, never concurrently with a call.
+var testHookLookedUp func()
+
 // NewInMemory returns an empty in-memory store.
 func NewInMemory() *InMemory {
 	return &InMemory{pools: make(map[types.NamespacedName]*poolIndex)}
@@ -127,6 +132,9 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 	}
 	for {
 		p := s.lookupOrCreate(pool)
+		if testHookLookedUp != nil {
+			testHookLookedUp()
+		}
 		p.mu.Lock()
 		if p.dead {
 			// DeletePool removed this index after we looked it up; a
@@ -194,6 +202,9 @@ func (s *InMemory) Free(pool types.NamespacedName, uid types.UID, pods []string)
 	p := s.lookup(pool)
 	if p == nil {
 		return errNotHeldOrDuplicate(pool, uid, pods, pods[0], Holder{}, false)
+	}
+	if testHookLookedUp != nil {
+		testHookLookedUp()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -310,6 +321,7 @@ func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error
 func (s *InMemory) DeletePool(pool types.NamespacedName) error {
 	s.mu.Lock()
 	p := s.pools[pool]
+	delete(s.pools, pool)
 	s.mu.Unlock()
 	if p == nil {
 		return nil

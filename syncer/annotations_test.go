@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -201,9 +202,9 @@ func TestWriteRefusedBeforeSending(t *testing.T) {
 		},
 	}
 	s, _, claims := setup(t, funcs, syncer.DefaultKeys())
-	huge := make([]string, 0, 27000)
-	for i := range cap(huge) {
-		huge = append(huge, "p"+strings.Repeat("0", 4)+itoa(i))
+	huge := make([]string, 27000) // 13 bytes each, encoded
+	for i := range huge {
+		huge[i] = fmt.Sprintf("p%09d", i)
 	}
 	for _, claim := range claims {
 		for _, tc := range []struct {
@@ -213,7 +214,7 @@ func TestWriteRefusedBeforeSending(t *testing.T) {
 			key  string
 		}{
 			{"too large", syncer.Record{Allocated: huge}, syncer.ErrRecordTooLarge, "poolalloc.io/allocated"},
-			{"too large together", syncer.Record{Allocated: huge[:14000], Released: huge[13000:]}, syncer.ErrRecordTooLarge, "poolalloc.io/released"},
+			{"too large together", syncer.Record{Allocated: huge[:12000], Released: huge[11000:]}, syncer.ErrRecordTooLarge, "poolalloc.io/released"},
 			{"pod twice", syncer.Record{Allocated: []string{"a", "b", "a"}}, syncer.ErrMalformedRecord, "poolalloc.io/allocated"},
 			{"invalid name", syncer.Record{Released: []string{"Pod_A"}}, syncer.ErrMalformedRecord, "poolalloc.io/released"},
 		} {
@@ -350,9 +351,4 @@ func TestNilClaim(t *testing.T) {
 		require.Error(t, err)
 		require.False(t, s.HasFinalizer(claim))
 	}
-}
-
-func itoa(i int) string {
-	b, _ := json.Marshal(i)
-	return string(b)
 }

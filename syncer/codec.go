@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/api/validate/content"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 )
 
 // MaxAnnotationsSize is the API server's limit on the total size of an
@@ -32,9 +32,9 @@ func EncodePods(pods []string) (string, error) {
 	if err := checkPods(pods); err != nil {
 		return "", err
 	}
-	n := len(`{"pods":[]}`)
+	n := len(`{"pods":[]}`) + max(len(pods)-1, 0) // commas
 	for _, p := range pods {
-		n += len(p) + 3 // quotes and comma
+		n += len(p) + 2 // quotes
 	}
 	if n > MaxAnnotationsSize {
 		return "", &RecordError{
@@ -177,7 +177,8 @@ func (d *decoder) skipSpace() {
 	}
 }
 
-// peek skips white space and returns the next byte, or 0 at the end.
+// peek skips white space and returns the next byte, or 0 at the end (the
+// input may hold a 0 byte too: check d.i to tell the end).
 func (d *decoder) peek() byte {
 	d.skipSpace()
 	if d.i == len(d.s) {
@@ -240,7 +241,7 @@ func (d *decoder) record() (pods []string, reason string) {
 			d.i++
 		}
 	}
-	if d.peek() != 0 {
+	if d.skipSpace(); d.i != len(d.s) {
 		return nil, d.unexpected("end of value")
 	}
 	return pods, ""
@@ -298,6 +299,17 @@ func (d *decoder) list() (pods []string, reason string) {
 // by encoding/json.
 func (d *decoder) str() (string, string) {
 	start := d.i
+	// Fast path: no escape before the closing quote.
+	rest := d.s[start+1:]
+	if end := strings.IndexByte(rest, '"'); end >= 0 && strings.IndexByte(rest[:end], '\\') < 0 {
+		for i := range end {
+			if rest[i] < 0x20 {
+				return "", fmt.Sprintf("malformed JSON at offset %d: control character %q in string", start+1+i, rest[i])
+			}
+		}
+		d.i = start + 1 + end + 1
+		return rest[:end], ""
+	}
 	d.i++
 	escaped := false
 	for d.i < len(d.s) {

@@ -52,6 +52,8 @@ func TestDecodePodsMalformed(t *testing.T) {
 		{`{"pods":["a",]}`, `unexpected ']', want a string`, nil},
 		{`{"pods":["a"]}x`, "want end of value", nil},
 		{`{"pods":["a"]}{}`, "want end of value", nil},
+		{"{}\x00", `unexpected '\x00', want end of value`, nil},
+		{"{\x00}", `unexpected '\x00', want a member name`, nil},
 		{`{"pods":["a]}`, "unterminated string", nil},
 		{"{\"pods\":[\"a\tb\"]}", "control character", nil},
 		{`{"pods":["\x"]}`, "malformed JSON string", nil},
@@ -196,7 +198,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 // differential test reaches past the first byte.
 func genNearRecord() *rapid.Generator[string] {
 	tokens := []string{`{`, `}`, `[`, `]`, `,`, `:`, ` `, `"pods"`, `"Pods"`, `"x"`, `null`, `true`, `1`,
-		`"a"`, `"b"`, `"a-b.c"`, `"A"`, `""`, `"\u0061"`, `"\"`, `"\n"`, "\"\t\"", `"a`, `\`, "\xff", `"ü"`}
+		`"a"`, `"b"`, `"a-b.c"`, `"A"`, `""`, `"\u0061"`, `"\"`, `"\n"`, "\"\t\"", `"a`, `\`, "\xff", `"ü"`, "\x00"}
 	return rapid.OneOf(
 		rapid.String(),
 		rapid.Custom(func(t *rapid.T) string {
@@ -357,4 +359,26 @@ func BenchmarkEncodePods(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestEncodePodsSizeLimitIsExact(t *testing.T) {
+	// k names of 253 bytes encode to 10+256k bytes; one more name of l
+	// bytes adds l+3. Pick them to land on the limit exactly.
+	k := (syncer.MaxAnnotationsSize - 10 - 4) / 256
+	l := syncer.MaxAnnotationsSize - (10 + 256*k) - 3
+	require.LessOrEqual(t, l, 253)
+	pods := append(manyPods(k, 253), strings.Repeat("z", l))
+
+	v, err := syncer.EncodePods(pods)
+	require.NoError(t, err)
+	require.Len(t, v, syncer.MaxAnnotationsSize)
+	got, err := syncer.DecodePods(v)
+	require.NoError(t, err)
+	require.Equal(t, pods, got)
+
+	pods[k] += "z"
+	_, err = syncer.EncodePods(pods)
+	require.ErrorIs(t, err, syncer.ErrRecordTooLarge, "one byte over")
+	_, err = syncer.DecodePods(v + " ")
+	require.ErrorIs(t, err, syncer.ErrRecordTooLarge, "one byte over")
 }

@@ -78,4 +78,3 @@ func ExampleDecodePods() {
 	// [pool-x7k2p pool-9qz4m] <nil>
 	// "pods" must be a list of pod names or null, got a string: malformed record
 }
-

@@ -63,14 +63,16 @@ type AllocationSyncer interface {
 	// (apierrors.IsConflict). rec.Release is not written: it belongs to the
 	// owner. A record that would exceed the API server's annotation size
 	// limit is refused before anything is sent, with an error matching
-	// ErrRecordTooLarge. Other finalizers and annotations are kept. On
-	// success it returns the claim as the server stored it.
+	// ErrRecordTooLarge; so is one that Read would refuse (an invalid pod
+	// name, a pod listed twice), matching ErrMalformedRecord. Other
+	// finalizers and annotations are kept. On success it returns the claim
+	// as the server stored it, as a new object of the claim's Go type.
 	Write(ctx context.Context, claim client.Object, rec Record, finalizer bool) (client.Object, error)
 
 	// Get reads the claim's current state from the API server itself,
-	// bypassing any cache. It is used to settle conflicts and writes whose
-	// outcome is unknown. A claim that no longer exists is a NotFound error
-	// (apierrors.IsNotFound).
+	// bypassing any cache, into a new object of the claim's Go type. It is
+	// used to settle conflicts and writes whose outcome is unknown. A claim
+	// that no longer exists is a NotFound error (apierrors.IsNotFound).
 	Get(ctx context.Context, claim client.Object) (client.Object, error)
 
 	// HasFinalizer reports whether claim carries the allocation finalizer.

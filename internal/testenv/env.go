@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -64,8 +66,13 @@ type Env struct {
 	// binaries in use.
 	AssetsDir string
 
-	env     *envtest.Environment
-	certDir string // the API server's certificates, kept across restarts
+	env      *envtest.Environment
+	certDir  string    // the API server's certificates, kept across restarts
+	watchdog *exec.Cmd // ends the control plane if the test binary dies; may be nil
+
+	// usersMu serializes env.AddUser: envtest's certificate authority is
+	// not safe for concurrent use.
+	usersMu sync.Mutex
 
 	stopOnce sync.Once
 	stopErr  error
@@ -129,6 +136,7 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("testenv: start control plane: %w", err), e.Stop())
 	}
+	e.watchdog = e.startWatchdog()
 	e.Config = cfg
 	e.Client, err = client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -182,6 +190,7 @@ func (e *Env) waitCreatable(ctx context.Context) error {
 func (e *Env) Stop() error {
 	e.stopOnce.Do(func() {
 		e.stopErr = e.env.Stop()
+		stopWatchdog(e.watchdog)
 		if err := os.RemoveAll(e.certDir); err != nil {
 			e.stopErr = errors.Join(e.stopErr, err)
 		}
@@ -259,7 +268,9 @@ func namePrefix(test string) string {
 // "testenv:<name>" and replaced if it exists. UserClient returns once the
 // API server's authorizer applies the grant.
 func (e *Env) UserClient(ctx context.Context, name string, rules []rbacv1.PolicyRule, namespace string) (client.Client, error) {
+	e.usersMu.Lock()
 	user, err := e.env.AddUser(envtest.User{Name: name}, e.Config)
+	e.usersMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("testenv: add user %s: %w", name, err)
 	}
@@ -372,6 +383,7 @@ func Main(m *testing.M, env **Env) int {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var started atomic.Pointer[Env]
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -379,11 +391,11 @@ func Main(m *testing.M, env **Env) int {
 		select {
 		case s := <-sigs:
 			fmt.Fprintf(os.Stderr, "testenv: %v: stopping the control plane\n", s)
-			cancel()
-			if *env != nil {
-				(*env).emergencyStop()
+			cancel() // ends a build in progress; Start then fails
+			if e := started.Load(); e != nil {
+				e.emergencyStop()
+				os.Exit(1)
 			}
-			os.Exit(1)
 		case <-ctx.Done():
 		}
 	}()
@@ -395,6 +407,7 @@ func Main(m *testing.M, env **Env) int {
 		return 1
 	}
 	*env = e
+	started.Store(e)
 	source := "cache"
 	if os.Getenv(EnvAssets) != "" {
 		source = EnvAssets

@@ -474,10 +474,10 @@ func testMalformed(t *testing.T, e *env) {
 
 	for _, target := range []struct{ key, good string }{{allocKey, allocVal}, {releasedKey, releasedVal}} {
 		bad := map[string]string{
-			"truncated":      target.good[:len(target.good)/2],
-			"garbage":        "\x00 not a record",
-			"pod twice":      strings.ReplaceAll(target.good, "pod-b", "pod-a"),
-			"invalid name":   strings.ReplaceAll(target.good, "pod-b", "Pod_B!"),
+			"truncated":       target.good[:len(target.good)/2],
+			"garbage":         "\x00 not a record",
+			"pod twice":       strings.ReplaceAll(target.good, "pod-b", "pod-a"),
+			"invalid name":    strings.ReplaceAll(target.good, "pod-b", "Pod_B!"),
 			"whitespace only": " ",
 		}
 		for what, value := range bad {
