@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -258,6 +259,11 @@ type pool struct {
 	// lost holds the held pods, not being recycled, that are missing or not
 	// ready.
 	lost map[string]*podInfo
+	// unmark holds pods this allocator freed whose mark it still has to
+	// remove (WithPodMarks), with the claim UID the mark must still name.
+	unmark map[string]types.UID
+	// tomark holds held pods recovered from records that carry no mark yet.
+	tomark map[string]types.UID
 }
 
 func newPool(name types.NamespacedName) *pool {
@@ -269,6 +275,8 @@ func newPool(name types.NamespacedName) *pool {
 		recycling: make(map[string]*podInfo),
 		reserved:  make(map[string]*podInfo),
 		lost:      make(map[string]*podInfo),
+		unmark:    make(map[string]types.UID),
+		tomark:    make(map[string]types.UID),
 	}
 }
 
@@ -278,6 +286,12 @@ type podInfo struct {
 	name, node, zone string
 	rv               string
 	present, ready   bool
+	// mark is the pod's mark annotation as last seen or written (only with
+	// WithPodMarks): the UID of the claim it was handed to.
+	mark string
+	// oldRVs are resourceVersions the pod had before writes of ours: a
+	// listing showing one of them is older than what we know.
+	oldRVs []string
 	seen             uint64
 	// holder is the claim holding the pod, nil when free.
 	holder *claimInfo
@@ -294,7 +308,7 @@ type podInfo struct {
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
-	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil
+	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil && pi.mark == ""
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
@@ -364,11 +378,29 @@ type claimInfo struct {
 	recycling int
 	// untrusted is set when the claim's record lists pods it does not hold.
 	untrusted error
+	// rewrite is set when the claim's record differs from what it holds:
+	// its next write restores it.
+	rewrite bool
 }
 
 const maxRVs = 4
 
-func (c *claimInfo) sawRV(rv string) bool { return slices.Contains(c.rvs, rv) }
+// sawRV reports whether a listed version of the claim with resourceVersion
+// rv is one the allocator already processed or older than one it did.
+// resourceVersions are opaque, but the API server's are decimal counters in
+// practice: when both are numbers, an older one is recognised however many
+// versions ago it was; otherwise only the last few are remembered.
+func (c *claimInfo) sawRV(rv string) bool {
+	if slices.Contains(c.rvs, rv) {
+		return true
+	}
+	if len(c.rvs) == 0 {
+		return false
+	}
+	got, err1 := strconv.ParseUint(rv, 10, 64)
+	newest, err2 := strconv.ParseUint(c.rvs[len(c.rvs)-1], 10, 64)
+	return err1 == nil && err2 == nil && got < newest
+}
 
 func (c *claimInfo) addRV(rv string) {
 	if rv == "" || c.sawRV(rv) {

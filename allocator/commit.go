@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -20,6 +21,11 @@ type write struct {
 	add  []string // pods handed to the claim
 	done []string // pods whose recycling finished
 	drop []string // held pods that no longer exist (WithReplaceLost)
+	// adopt are pods reserved for the claim by an earlier write of unknown
+	// outcome. Every write of the claim keeps them in its record: dropping
+	// them could take a pod the owner already saw without a release. Once
+	// a write succeeds they are held for certain.
+	adopt []string
 
 	// Outcome, set by do and read by apply.
 	obj     client.Object // the claim as stored after the write
@@ -27,6 +33,7 @@ type write struct {
 	rec     syncer.Record // what was written
 	gone    bool          // the claim no longer exists
 	unknown bool          // the write may or may not have landed
+	landed  bool          // it landed, as a live read showed; obj is not set
 	err     error
 }
 
@@ -57,21 +64,37 @@ func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
 				}
 			}
 		}
+		if ci.rewrite && ci.listed {
+			get(ci) // its record differs from what it holds
+		}
 		// A terminating claim that holds nothing but still carries the
 		// finalizer (a removal that failed, or a restart) gets it removed.
 		if ci.listed && ci.terminating && len(ci.held) == 0 && r.a.cfg.syncer.HasFinalizer(ci.obj) {
 			get(ci)
 		}
 	}
+	// A claim with pods reserved by a write of unknown outcome gets its
+	// write issued again, with those pods: once it succeeds they are held
+	// for certain, and a write still in flight can no longer land (the
+	// resourceVersion moved on).
+	for name, pi := range p.reserved {
+		if pi.reservedBy.listed {
+			w := get(pi.reservedBy)
+			w.adopt = append(w.adopt, name)
+		}
+	}
 	writes := make([]*write, 0, len(byClaim))
 	for _, w := range byClaim {
+		slices.Sort(w.adopt)
 		writes = append(writes, w)
 	}
 	slices.SortFunc(writes, func(x, y *write) int { return compareNames(x.ci, y.ci) })
+	r.markPods(writes)
 	r.parallel(len(writes), func(i int) { r.do(writes[i]) })
 	for _, w := range writes {
 		r.apply(w)
 	}
+	r.unmarkPods()
 }
 
 func compareNames(x, y *claimInfo) int {
@@ -115,6 +138,7 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 		}
 	}
 	allocated = append(allocated, w.add...)
+	allocated = append(allocated, w.adopt...)
 	slices.Sort(allocated)
 
 	// Released keeps the pods the owner still lists in release, so the
@@ -130,6 +154,12 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 			released = append(released, p)
 		}
 	}
+	// A pod the claim holds is never also written as released, whatever
+	// the allocator remembers of the released list.
+	released = slices.DeleteFunc(released, func(p string) bool {
+		_, found := slices.BinarySearch(allocated, p)
+		return found
+	})
 	slices.Sort(released)
 	stillRecycling := ci.recycling - len(w.done)
 	return syncer.Record{Allocated: allocated, Release: release, Released: released},
@@ -138,11 +168,24 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 
 // do performs w's write. It runs concurrently with other claims' writes and
 // touches nothing shared: the outcome is applied by apply.
+//
+// A write is based on a version of the claim whose spec the caller showed
+// the allocator (a listing) or on the allocator's own last write of it: the
+// claim's Want is read by the caller, so a version the allocator only read
+// live could ask for something else. Live reads therefore decide outcomes
+// (gone? landed?) and never become the base of a plan. A conflict is left
+// for the next round, when the listing shows the new version.
 func (r *round) do(w *write) {
 	s := r.a.cfg.syncer
 	base := w.ci.obj
+	if base == nil {
+		// A claim known only from its pods' marks: it does not exist.
+		w.gone = true
+		return
+	}
 	if !w.ci.listed {
 		// Not in the listing: it may be gone or moved; ask the server.
+		// Such a write only gives pods back, which needs no spec.
 		live, err := r.live(w.ci, base)
 		if apierrors.IsNotFound(err) {
 			w.gone = true
@@ -154,58 +197,39 @@ func (r *round) do(w *write) {
 		}
 		base, w.fresh = live, live
 	}
-	for attempt := 0; ; attempt++ {
-		if base.GetDeletionTimestamp() != nil {
-			w.add = nil // I8: a terminating claim gets nothing new
-		}
-		rec, fin := r.desired(w, base)
-		if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && fin == s.HasFinalizer(base) {
-			w.obj = base
-			w.rec = rec
-			return
-		}
-		obj, err := s.Write(r.ctx, base, rec, fin)
-		if err == nil {
-			w.obj, w.rec = obj, rec
-			return
-		}
-		if apierrors.IsNotFound(err) {
-			w.gone = true
-			return
-		}
-		if apierrors.IsConflict(err) && attempt == 0 {
-			// Our copy was stale (informer lag or the owner's edit):
-			// read it live and try once more on the fresh version.
-			live, gerr := r.live(w.ci, base)
-			if apierrors.IsNotFound(gerr) {
-				w.gone = true
-				return
-			}
-			if gerr != nil {
-				w.err = err
-				return
-			}
-			base, w.fresh = live, live
-			continue
-		}
-		w.err = err
-		if definite(err) {
-			return
-		}
-		// The write may have landed. Read it back: if the claim shows
-		// the new record, it did. Otherwise the request may still be in
-		// flight, so the new pods are quarantined, not freed.
-		live, gerr := r.live(w.ci, base)
-		if gerr == nil {
-			w.fresh = live
-			if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), rec.Allocated) {
-				w.obj, w.rec, w.err = live, rec, nil
-				return
-			}
-		}
-		w.unknown = true
+	if base.GetDeletionTimestamp() != nil {
+		w.add = nil // I8: a terminating claim gets nothing new
+	}
+	rec, fin := r.desired(w, base)
+	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && !w.ci.rewrite && fin == s.HasFinalizer(base) {
+		w.obj, w.rec = base, rec
 		return
 	}
+	obj, err := s.Write(r.ctx, base, rec, fin)
+	if err == nil {
+		w.obj, w.rec = obj, rec
+		return
+	}
+	if apierrors.IsNotFound(err) {
+		w.gone = true
+		return
+	}
+	w.err = err
+	if definite(err) {
+		return
+	}
+	// The write may have landed. Read it back: if the claim shows the new
+	// record, it did. Otherwise the request may still be in flight, so
+	// the new pods are reserved, not freed.
+	live, gerr := r.live(w.ci, base)
+	if gerr == nil {
+		w.fresh = live
+		if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), rec.Allocated) {
+			w.rec, w.err, w.landed = rec, nil, true
+			return
+		}
+	}
+	w.unknown = true
 }
 
 // live reads claim ci from the API server. A claim of the same name with
@@ -244,12 +268,8 @@ func sortedCopy(s []string) []string {
 // durable write changes the store (I4).
 func (r *round) apply(w *write) {
 	ci, st, p := w.ci, r.a.cfg.store, r.p
-	if w.fresh != nil && w.obj == nil {
-		ci.obj = w.fresh
-		ci.addRV(w.fresh.GetResourceVersion())
-		if w.fresh.GetDeletionTimestamp() != nil {
-			ci.terminating = true
-		}
+	if w.fresh != nil && w.fresh.GetDeletionTimestamp() != nil {
+		ci.terminating = true // safe to learn from a live read: it never reverts
 	}
 	for _, name := range w.done {
 		ci.held[name].recycled = true
@@ -271,6 +291,13 @@ func (r *round) apply(w *write) {
 		ci.listed = false
 	case w.err != nil:
 		r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: %w", ErrWrite, w.err)))
+		if !w.unknown {
+			for _, name := range w.add {
+				if p.pods[name].mark != "" {
+					p.unmark[name] = ci.uid
+				}
+			}
+		}
 		if w.unknown {
 			for _, name := range w.add {
 				pi := p.pods[name]
@@ -280,10 +307,12 @@ func (r *round) apply(w *write) {
 			}
 		}
 	default:
-		ci.obj = w.obj
-		ci.addRV(w.obj.GetResourceVersion())
-		if w.obj.GetDeletionTimestamp() != nil {
-			ci.terminating = true
+		if w.obj != nil && ci.listed {
+			ci.obj = w.obj
+			ci.addRV(w.obj.GetResourceVersion())
+			if w.obj.GetDeletionTimestamp() != nil {
+				ci.terminating = true
+			}
 		}
 		ci.released = w.rec.Released
 		ci.setRelease(w.rec.Release)
@@ -308,18 +337,25 @@ func (r *round) apply(w *write) {
 		if len(w.done) > 0 {
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
 		}
-		if len(w.add) > 0 {
-			if err := st.Allocate(p.name, ci.holder(), w.add); err != nil {
+		for _, name := range w.adopt {
+			pi := p.pods[name]
+			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			delete(p.reserved, name)
+		}
+		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
+			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
 				r.errs = append(r.errs, r.claimErr(ci, err))
 				return
 			}
-			for _, name := range w.add {
+			for _, name := range newly {
 				r.hold(ci, name)
 			}
-			r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
+			if len(w.add) > 0 {
+				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
+			}
 		}
 		r.a.setHolds(ci.uid, p.name, len(ci.held) > 0)
-		ci.untrusted = nil
+		ci.untrusted, ci.rewrite = nil, false
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -115,9 +116,15 @@ func (f *fixture) release(name string, pods ...string) {
 
 func (f *fixture) scale(name string, want int32) {
 	f.t.Helper()
-	c := f.get(name)
-	c.Spec.Replicas = want
-	require.NoError(f.t, f.c.Update(f.ctx, c))
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c := &testenv.Claim{}
+		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, c); err != nil {
+			return err
+		}
+		c.Spec.Replicas = want
+		return f.c.Update(f.ctx, c)
+	})
+	require.NoError(f.t, err)
 }
 
 func (f *fixture) snapshot(a allocator.Allocator, pool types.NamespacedName) map[string]string {
@@ -586,17 +593,14 @@ func TestStaleClaimListingNeverDoubleAllocates(t *testing.T) {
 	require.Equal(t, held, f.held("c"))
 	require.Len(t, f.snapshot(a, pool), 2)
 
-	// Stale and the owner scaled up meanwhile: the write conflicts, the
-	// allocator reads the claim live and tops it up by exactly one.
+	// The owner scales up; the lagging cache still shows the old claim:
+	// nothing happens on its strength. Once the listing catches up, the
+	// claim gets exactly one more pod.
 	f.scale("c", 3)
-	staleScaled := stale
-	staleScaled.Claims = slices.Clone(stale.Claims)
-	staleScaled.Claims[0].Want = 3
-	staleScaled.Claims[0].Object = stale.Claims[0].Object.DeepCopyObject().(client.Object)
-	staleScaled.Claims[0].Object.SetResourceVersion(f.get("c").ResourceVersion) // new to the allocator
-	staleScaled.Claims[0].Object.SetAnnotations(nil)
-	_, err = a.Round(f.ctx, staleScaled)
+	res, err := a.Round(f.ctx, stale)
 	require.NoError(t, err)
+	require.Empty(t, res.Allocated)
+	f.round(a, pool)
 	now := f.held("c")
 	require.Len(t, now, 3)
 	require.Subset(t, now, held)
@@ -730,5 +734,46 @@ func TestStaleReleaseEntryDoesNotReleaseAPodHandedBack(t *testing.T) {
 		require.Empty(t, res.Released)
 		require.Empty(t, res.Allocated)
 		require.Equal(t, []string{"p-0"}, f.held("c"))
+	}
+}
+
+func TestMalformedRecordsFailClosedPerPool(t *testing.T) {
+	for _, tc := range []struct {
+		name, key, value, reason string
+	}{
+		{"json", "allocated", `{"pods":["p1-1",`, "JSON"},
+		{"shape", "allocated", `{"pods":"p1-1"}`, ""},
+		{"twice", "allocated", `{"pods":["p1-1","p1-1"]}`, "listed twice"},
+		{"invalid-name", "allocated", `{"pods":["Not_A_Pod"]}`, "Not_A_Pod"},
+		{"released", "released", `{"pods":[1]}`, ""},
+		{"release", "release", `not json`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			p1, p2 := f.pool("p1", 2), f.pool("p2", 1)
+			a := f.alloc()
+			f.claim("good", "p1", 1)
+			f.round(a, p1)
+			goodPods := f.held("good")
+			f.claim("bad", "p1", 1)
+			key := map[string]string{"allocated": f.keys.Allocated, "released": f.keys.Released, "release": f.keys.Release}[tc.key]
+			f.setAnnotation("bad", key, tc.value)
+			f.claim("other", "p2", 1)
+
+			res, err := world.Round(f.ctx, a, f.c, p1)
+			require.ErrorIs(t, err, allocator.ErrPoolBlocked)
+			require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+			var ce *allocator.ClaimError
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, "bad", ce.Claim.Name)
+			require.ErrorContains(t, err, key)
+			require.ErrorContains(t, err, tc.reason)
+			require.Empty(t, res.Allocated)
+			require.Equal(t, goodPods, f.held("good"), "nothing held is released on a guess")
+			require.Equal(t, tc.value, f.get("bad").Annotations[key], "the record is left for its owner to fix")
+
+			f.round(a, p2)
+			require.Len(t, f.held("other"), 1, "other pools are served")
+		})
 	}
 }

@@ -3,10 +3,12 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -63,6 +65,9 @@ func PodReady(p *corev1.Pod) bool {
 const DefaultZoneLabel = corev1.LabelTopologyZone
 
 type config struct {
+	client      client.Client
+	markKey     string
+	markMigrate bool
 	store       store.AllocationStore
 	syncer      syncer.AllocationSyncer
 	keys        *syncer.Keys
@@ -125,12 +130,51 @@ func WithReplaceLost(replace bool) Option {
 	return optionFunc(func(c *config) { c.replaceLost = replace })
 }
 
+// DefaultPodMarkKey is the pod annotation WithPodMarks uses when given "".
+const DefaultPodMarkKey = "poolalloc.io/claim"
+
+// WithPodMarks makes the allocator mark every pod it hands out with the
+// UID of its claim, in an annotation on the pod (key; "" means
+// DefaultPodMarkKey), written with the pod's resourceVersion as a lock
+// before the claim's record, and removed only after the pod was recycled
+// and its release recorded. It costs one pod write per pod handed out and
+// one per pod released, and buys three things the claim's record alone
+// cannot give:
+//
+//   - a pod of a claim force-deleted while no allocator ran is still known
+//     to be dirty after a restart, and is recycled;
+//   - a record edited to list a pod marked for another claim is not
+//     believed, also at recovery;
+//   - two allocators running on one pool at once cannot hand one pod to two
+//     claims: only one mark write can succeed.
+//
+// The client given to New must be allowed to patch pods.
+func WithPodMarks(key string) Option {
+	return optionFunc(func(c *config) {
+		if key == "" {
+			key = DefaultPodMarkKey
+		}
+		c.markKey = key
+	})
+}
+
+// WithPodMarkMigration makes recovery believe records that list pods
+// carrying no mark, and mark them: for the first start with WithPodMarks on
+// pools whose allocations were made without marks. Without it, such pods
+// are not given to the claim that lists them (a record is editable by the
+// claim's users; a mark only by the allocator). Turn it off again once every
+// pool has recovered.
+func WithPodMarkMigration(migrate bool) Option {
+	return optionFunc(func(c *config) { c.markMigrate = migrate })
+}
+
 // WithZoneLabel sets the pod label read as a candidate's zone (default
 // DefaultZoneLabel); empty disables it.
 func WithZoneLabel(key string) Option { return optionFunc(func(c *config) { c.zoneLabel = key }) }
 
 func newConfig(c client.Client, opts []Option) (*config, error) {
 	cfg := &config{
+		client:    c,
 		algorithm: algorithm.Packed{},
 		ready:     PodReady,
 		recycle:   RecycleNoop,
@@ -155,6 +199,17 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
 	case cfg.writers < 1:
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
+	}
+	if cfg.markMigrate && cfg.markKey == "" {
+		return nil, fmt.Errorf("%w: WithPodMarkMigration without WithPodMarks", ErrInvalidOption)
+	}
+	if cfg.markKey != "" {
+		if c == nil {
+			return nil, fmt.Errorf("%w: WithPodMarks needs a client", ErrInvalidOption)
+		}
+		if errs := validation.IsQualifiedName(cfg.markKey); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))
+		}
 	}
 	if cfg.syncer != nil && (cfg.keys != nil || cfg.apiReader != nil) {
 		return nil, fmt.Errorf("%w: WithKeys and WithAPIReader configure the default syncer and cannot be combined with WithSyncer", ErrInvalidOption)

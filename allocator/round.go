@@ -173,7 +173,7 @@ func (r *round) settle() {
 // settled reports whether a listed claim needs nothing from the next round
 // unless something about it changes.
 func (r *round) settled(ci *claimInfo) bool {
-	if ci.recycling > 0 || r.hasReservations(ci) {
+	if ci.recycling > 0 || ci.rewrite || r.hasReservations(ci) {
 		return false
 	}
 	if ci.terminating {
@@ -247,11 +247,14 @@ func (r *round) observePod(pod *corev1.Pod) {
 		p.pods[pod.Name] = pi
 	}
 	pi.seen = p.gen
-	if pi.present && pi.rv == pod.ResourceVersion && pod.ResourceVersion != "" {
+	if pi.present && pod.ResourceVersion != "" && (pi.rv == pod.ResourceVersion || slices.Contains(pi.oldRVs, pod.ResourceVersion)) {
 		return
 	}
 	pi.present = true
 	pi.rv = pod.ResourceVersion
+	if key := r.a.cfg.markKey; key != "" {
+		pi.mark = pod.Annotations[key]
+	}
 	pi.ready = r.a.cfg.ready(pod)
 	pi.node = pod.Spec.NodeName
 	if r.a.cfg.zoneLabel != "" {
@@ -278,15 +281,17 @@ func (r *round) blocked(uid types.UID, name types.NamespacedName, err error) err
 	return fmt.Errorf("%w: %w", ErrPoolBlocked, &ClaimError{Pool: r.p.name, Claim: name, UID: uid, Err: err})
 }
 
+// found is a claim met at recovery and the pods its record holds.
+type found struct {
+	ci   *claimInfo
+	held []string
+}
+
 // recover rebuilds the pool's allocations from the claims' records. It
 // changes nothing unless every record can be read and no pod is listed by
 // two claims.
 func (r *round) recover(claims []Claim) error {
 	p, a := r.p, r.a
-	type found struct {
-		ci   *claimInfo
-		held []string
-	}
 	all := make([]found, 0, len(claims))
 	owner := make(map[string]*claimInfo)
 	for _, c := range claims {
@@ -305,6 +310,9 @@ func (r *round) recover(claims []Claim) error {
 		}
 		ci.release, ci.released = rec.Release, rec.Released
 		all = append(all, found{ci, held})
+	}
+	if a.cfg.markKey != "" {
+		all = r.recoverMarks(all)
 	}
 	// Pods a moved claim holds in a pool that already recovered stay there.
 	for i := range all {
@@ -390,6 +398,9 @@ func (r *round) unhold(ci *claimInfo, pod string) {
 	}
 	delete(ci.held, pod)
 	pi.holder = nil
+	if pi.mark != "" {
+		r.p.unmark[pod] = ci.uid
+	}
 	if pi.recycling {
 		pi.recycling, pi.recycled = false, false
 		ci.recycling--
@@ -452,11 +463,15 @@ func (r *round) claimGone(ci *claimInfo) {
 // checkRecord compares the pods a claim's record says it holds with what the
 // allocator gave it. Records are trusted only at recovery: later, a pod in
 // the record that the claim does not hold here (nor in another pool) was not
-// put there by the allocator, and is not handed to the claim.
+// put there by the allocator and is not handed to the claim, and a held pod
+// missing from the record stays held. Either way the record is written
+// again.
 func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	var extra []string
+	inRecord := 0
 	for _, pod := range rec.Held() {
 		if _, ok := ci.held[pod]; ok {
+			inRecord++
 			continue
 		}
 		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy == ci {
@@ -469,13 +484,26 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 		}
 		extra = append(extra, pod)
 	}
-	if len(extra) == 0 {
+	missing := len(ci.held) - inRecord
+	if len(extra) == 0 && missing == 0 {
 		ci.untrusted = nil
 		return
 	}
+	ci.rewrite = true
 	ci.untrusted = &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
-		Err: fmt.Errorf("%w: %v", ErrUntrustedRecord, extra)}
+		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
 	r.errs = append(r.errs, ci.untrusted)
+}
+
+// reservedFor counts the pods reserved for ci.
+func (r *round) reservedFor(ci *claimInfo) int {
+	n := 0
+	for _, pi := range r.p.reserved {
+		if pi.reservedBy == ci {
+			n++
+		}
+	}
+	return n
 }
 
 func (r *round) hasReservations(ci *claimInfo) bool {
@@ -487,9 +515,10 @@ func (r *round) hasReservations(ci *claimInfo) bool {
 	return false
 }
 
-// settleReservations decides, for pods reserved by writes of unknown
-// outcome, whether the write landed: once the claim's newest known record
-// lists the pod, or once the quarantine is over and a live read says so.
+// settleReservations decides, pod by pod, whether writes of unknown outcome
+// landed: once the claim's newest known record lists the pod, or once the
+// quarantine is over and a live read says so. Claims still listed settle
+// sooner: their next write carries the reserved pods (see commit).
 func (r *round) settleReservations() {
 	if len(r.p.reserved) == 0 {
 		return
@@ -499,67 +528,86 @@ func (r *round) settleReservations() {
 		byClaim[pi.reservedBy] = append(byClaim[pi.reservedBy], pi)
 	}
 	for ci, pods := range byClaim {
-		rec, err := r.a.cfg.syncer.Read(ci.obj)
-		landed := err == nil && containsAll(rec.Held(), pods)
-		if !landed && r.now.Before(pods[0].reservedUntil) {
-			continue
+		var held []string
+		if ci.obj != nil {
+			if rec, err := r.a.cfg.syncer.Read(ci.obj); err == nil {
+				held = rec.Held()
+			}
 		}
-		if !landed {
+		var landed, failed []*podInfo
+		var due []*podInfo
+		for _, pi := range pods {
+			switch {
+			case slices.Contains(held, pi.name):
+				landed = append(landed, pi)
+			case !r.now.Before(pi.reservedUntil):
+				due = append(due, pi)
+			}
+		}
+		if len(due) > 0 {
 			live, err := r.live(ci, ci.obj)
 			switch {
-			case apierrors.IsNotFound(err):
-				// The claim is gone; if the write landed its owner may have
+			case ci.obj == nil || apierrors.IsNotFound(err):
+				// The claim is gone; if a write landed its owner may have
 				// used the pods, so they are recycled, not freed.
-				landed = true
+				landed = append(landed, due...)
 			case err != nil:
 				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, err)))
-				continue
 			default:
-				ci.obj = live
-				ci.addRV(live.GetResourceVersion())
 				rec, err := r.a.cfg.syncer.Read(live)
-				landed = err == nil && containsAll(rec.Held(), pods)
-			}
-		}
-		names := make([]string, len(pods))
-		for i, pi := range pods {
-			names[i] = pi.name
-			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
-			delete(r.p.reserved, pi.name)
-		}
-		r.p.dirty[ci] = struct{}{}
-		if landed {
-			if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, err))
-				for _, pi := range pods {
-					r.p.refreshFree(pi)
+				for _, pi := range due {
+					if err == nil && slices.Contains(rec.Held(), pi.name) {
+						landed = append(landed, pi)
+					} else {
+						failed = append(failed, pi)
+					}
 				}
-				continue
 			}
-			for _, n := range names {
-				r.hold(ci, n)
-			}
-			r.a.setHolds(ci.uid, r.p.name, true)
-			continue
 		}
-		for _, pi := range pods {
-			if !pi.present && pi.holder == nil {
-				delete(r.p.pods, pi.name)
-				continue
-			}
-			r.p.refreshFree(pi)
-		}
+		r.unreserve(ci, landed, true)
+		r.unreserve(ci, failed, false)
 	}
 }
 
-func containsAll(list []string, pods []*podInfo) bool {
-	for _, pi := range pods {
-		if !slices.Contains(list, pi.name) {
-			return false
-		}
+// unreserve ends the reservation of pods for ci: they are held by it if
+// their write landed, free otherwise.
+func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
+	if len(pods) == 0 {
+		return
 	}
-	return true
+	names := make([]string, len(pods))
+	for i, pi := range pods {
+		names[i] = pi.name
+		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		delete(r.p.reserved, pi.name)
+	}
+	r.p.dirty[ci] = struct{}{}
+	if landed {
+		if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
+			r.errs = append(r.errs, r.claimErr(ci, err))
+			for _, pi := range pods {
+				r.p.refreshFree(pi)
+			}
+			return
+		}
+		for _, n := range names {
+			r.hold(ci, n)
+		}
+		r.a.setHolds(ci.uid, r.p.name, true)
+		return
+	}
+	for _, pi := range pods {
+		if pi.mark != "" {
+			r.p.unmark[pi.name] = ci.uid
+		}
+		if !pi.present && pi.holder == nil {
+			delete(r.p.pods, pi.name)
+			continue
+		}
+		r.p.refreshFree(pi)
+	}
 }
+
 
 // setRelease records the owner's release list; consumed entries the owner
 // dropped are forgotten, so listing the pod again is a new request.
@@ -589,6 +637,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		if ci.terminating {
 			want = 0
 		}
+		// Pods reserved for the claim by a write of unknown outcome may be
+		// its own: they count against what it wants, and the next write
+		// of its record carries them (see commit).
+		want = max(0, want-r.reservedFor(ci))
 		if len(ci.held) == 0 {
 			if _, moving := r.a.heldElsewhere(ci.uid, p.name); moving {
 				r.shortfall += want

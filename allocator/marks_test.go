@@ -1,0 +1,252 @@
+package allocator_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+)
+
+// marks returns each pod of the pool's mark annotation, by pod name.
+func (f *fixture) marks(pool string) map[string]string {
+	f.t.Helper()
+	pods, err := testenv.ListPods(f.ctx, f.c, f.ns, pool)
+	require.NoError(f.t, err)
+	out := map[string]string{}
+	for _, p := range pods {
+		if v := p.Annotations[allocator.DefaultPodMarkKey]; v != "" {
+			out[p.Name] = v
+		}
+	}
+	return out
+}
+
+func (f *fixture) forceDelete(name string) {
+	f.t.Helper()
+	c := f.get(name)
+	c.Finalizers = nil
+	require.NoError(f.t, f.c.Update(f.ctx, c))
+	require.NoError(f.t, f.c.Delete(f.ctx, c))
+	require.True(f.t, f.gone(name))
+}
+
+// gatedRecycler reports pods recycled only while allowed, and records them.
+type gatedRecycler struct {
+	allow    atomic.Bool
+	mu       sync.Mutex
+	recycled []string
+}
+
+func (g *gatedRecycler) recycle(_ context.Context, _ types.NamespacedName, pod string) (bool, error) {
+	if !g.allow.Load() {
+		return false, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.recycled = append(g.recycled, pod)
+	return true, nil
+}
+
+func TestPodMarksFollowTheLifecycle(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc(allocator.WithPodMarks(""))
+	c := f.claim("c", "p", 2)
+	f.round(a, pool)
+	held := f.held("c")
+	want := map[string]string{}
+	for _, p := range held {
+		want[p] = "c/" + string(c.UID)
+	}
+	require.Equal(t, want, f.marks("p"), "every pod handed out carries its claim's mark")
+
+	f.scale("c", 1)
+	f.round(a, pool)
+	require.Len(t, f.marks("p"), 1, "a released pod loses its mark")
+	require.Equal(t, f.held("c"), mapKeys(f.marks("p")))
+}
+
+func TestPodMarksRecycleForceDeletedClaimAfterRestart(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	a := f.alloc(allocator.WithPodMarks(""))
+	f.claim("old", "p", 2)
+	f.round(a, pool)
+	dirty := f.held("old")
+
+	// The allocator stops; meanwhile the claim is force-deleted, taking
+	// its record with it.
+	f.forceDelete("old")
+	f.claim("new", "p", 2)
+
+	var g gatedRecycler
+	b := f.alloc(allocator.WithPodMarks(""), allocator.WithRecycler(g.recycle))
+	res := f.round(b, pool)
+	require.Empty(t, f.held("new"), "the pods are dirty: not handed out before recycling")
+	require.Equal(t, dirty, res.Recycling)
+	require.Equal(t, 2, res.Shortfall)
+	g.allow.Store(true)
+	f.round(b, pool) // recycled, freed, unmarked
+	f.round(b, pool)
+	require.ElementsMatch(t, dirty, g.recycled)
+	require.Equal(t, dirty, f.held("new"))
+}
+
+func TestWithoutPodMarksForceDeleteWhileDownIsNotDetected(t *testing.T) {
+	// The documented limit of records alone, kept as a test so that the
+	// README's Limitations stay true.
+	f := newFixture(t)
+	pool := f.pool("p", 1)
+	a := f.alloc()
+	f.claim("old", "p", 1)
+	f.round(a, pool)
+	f.forceDelete("old")
+	f.claim("new", "p", 1)
+	b := f.alloc()
+	res := f.round(b, pool)
+	require.Equal(t, []string{"p-0"}, f.held("new"))
+	require.Empty(t, res.Recycling)
+}
+
+func TestTwoAllocatorsWithPodMarksNeverShareAPod(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 8)
+	names := []string{"a", "b", "c", "d", "e", "f"}
+	for _, n := range names {
+		f.claim(n, "p", 2)
+	}
+	a1 := f.alloc(allocator.WithPodMarks(""))
+	a2 := f.alloc(allocator.WithPodMarks(""))
+	var wg sync.WaitGroup
+	for i, a := range []allocator.Allocator{a1, a2} {
+		wg.Go(func() {
+			for round := range 12 {
+				_, _ = world.Round(f.ctx, a, f.c, pool)
+				if round == 6 && i == 0 {
+					f.scale("a", 0) // churn: pods go back and out again
+				}
+			}
+		})
+	}
+	wg.Wait()
+	marks := f.marks("p")
+	seen := map[string]string{}
+	for _, n := range names {
+		uid := string(f.get(n).UID)
+		for _, p := range f.held(n) {
+			other, dup := seen[p]
+			require.False(t, dup, "pod %s is in the records of %s and %s", p, other, n)
+			seen[p] = n
+			require.Equal(t, n+"/"+uid, marks[p], "pod %s is in %s's record but marked %q", p, n, marks[p])
+		}
+	}
+	for p, m := range marks {
+		owners := 0
+		for _, n := range names {
+			if m == n+"/"+string(f.get(n).UID) {
+				owners++
+			}
+		}
+		require.LessOrEqual(t, owners, 1, "pod %s mark %q", p, m)
+	}
+}
+
+// attacker is a user who may edit claims (annotations included) and
+// nothing else: no rights on pods.
+func (f *fixture) attacker() client.Client {
+	f.t.Helper()
+	c, err := env.UserClient(f.ctx, "mallory-"+f.ns, []rbacv1.PolicyRule{{
+		APIGroups: []string{testenv.Group},
+		Resources: []string{"claims"},
+		Verbs:     []string{"get", "list", "watch", "create", "update", "patch"},
+	}}, f.ns)
+	require.NoError(f.t, err)
+	return c
+}
+
+func (f *fixture) annotateAs(c client.Client, claim, key, value string) {
+	f.t.Helper()
+	obj := &testenv.Claim{}
+	require.NoError(f.t, c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: claim}, obj))
+	patch := client.MergeFrom(obj.DeepCopy())
+	if obj.Annotations == nil {
+		obj.Annotations = map[string]string{}
+	}
+	obj.Annotations[key] = value
+	require.NoError(f.t, c.Patch(f.ctx, obj, patch))
+}
+
+func TestClaimEditorCannotTakePods(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "live", true: "across-restart"}[restart], func(t *testing.T) {
+			f := newFixture(t)
+			pool := f.pool("p", 3)
+			opts := []allocator.Option{allocator.WithPodMarks("")}
+			a := f.alloc(opts...)
+			f.claim("victim", "p", 1)
+			f.round(a, pool)
+			victim := f.held("victim")
+			require.Len(t, victim, 1)
+			mallory := f.attacker()
+
+			// The attacker's own claim, wanting nothing.
+			own := testenv.NewClaim(f.ns, "mine", "p", 0)
+			require.NoError(t, mallory.Create(f.ctx, own))
+			f.round(a, pool)
+			var free []string
+			for _, p := range []string{"p-0", "p-1", "p-2"} {
+				if p != victim[0] {
+					free = append(free, p)
+				}
+			}
+
+			// Attack 1: list the victim's pod and a free pod as allocated to
+			// the attacker's claim.
+			f.annotateAs(mallory, "mine", f.keys.Allocated, `{"pods":["`+victim[0]+`","`+free[0]+`"]}`)
+			// Attack 2: give back the victim's pod on the victim's behalf
+			// through the attacker's own claim's release list.
+			f.annotateAs(mallory, "mine", f.keys.Release, `{"pods":["`+victim[0]+`"]}`)
+			// Attack 3: mark the victim's pod released in the victim's
+			// record, and empty its allocated list.
+			f.annotateAs(mallory, "victim", f.keys.Released, `{"pods":["`+victim[0]+`"]}`)
+			// Pods are out of reach: the attacker cannot mark or unmark.
+			pod := &corev1.Pod{}
+			require.Error(t, mallory.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: victim[0]}, pod))
+
+			b := a
+			if restart {
+				b = f.alloc(opts...)
+			}
+			for range 3 {
+				_, _ = world.Round(f.ctx, b, f.c, pool)
+			}
+			snap := f.snapshot(b, pool)
+			require.Equal(t, "victim", snap[victim[0]], "the victim keeps its pod")
+			require.NotContains(t, slices.Collect(mapValues(snap)), "mine", "the attacker's claim holds nothing")
+			require.Equal(t, victim, f.held("victim"), "the victim's record is restored")
+			require.Empty(t, f.held("mine"))
+			require.Equal(t, "victim/"+string(f.get("victim").UID), f.marks("p")[victim[0]])
+		})
+	}
+}
+
+func mapValues(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for _, v := range m {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
