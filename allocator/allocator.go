@@ -292,7 +292,7 @@ type podInfo struct {
 	// oldRVs are resourceVersions the pod had before writes of ours: a
 	// listing showing one of them is older than what we know.
 	oldRVs []string
-	seen             uint64
+	seen   uint64
 	// holder is the claim holding the pod, nil when free.
 	holder *claimInfo
 	// recycling is set while the pod is given back and not yet released;

@@ -608,7 +608,6 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	}
 }
 
-
 // setRelease records the owner's release list; consumed entries the owner
 // dropped are forgotten, so listing the pod again is a new request.
 func (c *claimInfo) setRelease(release []string) {
