@@ -74,6 +74,7 @@ type flags struct {
 	claims, pods, concurrency, writers int
 	timeout                            time.Duration
 	cpuProfile                         string
+	marks                              bool
 }
 
 func main() {
@@ -83,6 +84,7 @@ func main() {
 	flag.IntVar(&f.concurrency, "concurrency", 32, "claims created at once")
 	flag.IntVar(&f.writers, "write-concurrency", 16, "claims the allocator writes at once (allocator.WithWriteConcurrency)")
 	flag.DurationVar(&f.timeout, "timeout", time.Minute, "give up when not all claims are allocated after this long")
+	flag.BoolVar(&f.marks, "marks", false, "mark pods with their claim (allocator.WithPodMarks): one more write per pod")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed phase to this file (go tool pprof)")
 	flag.Parse()
 	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 {
@@ -247,9 +249,9 @@ type test struct {
 	embedded bool
 
 	// Written by the interceptor, from the allocator's write goroutines.
-	patches, conflicts, liveReads atomic.Int64
-	patchMu                       sync.Mutex
-	patchLat                      []time.Duration // guarded by patchMu
+	patches, conflicts, liveReads, podPatches atomic.Int64
+	patchMu                                   sync.Mutex
+	patchLat                                  []time.Duration // guarded by patchMu
 
 	// Per claim, in Unix nanoseconds, 0 until it happened. created and
 	// createDone are written by the creators, cached by the cache's event
@@ -296,6 +298,9 @@ func newTest(ctx context.Context, conn conn, pool types.NamespacedName, f flags)
 	counted := interceptor.NewClient(conn.client, interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if !isClaim(c, obj) {
+				if _, isPod := obj.(*corev1.Pod); isPod {
+					t.podPatches.Add(1)
+				}
 				return c.Patch(ctx, obj, patch, opts...)
 			}
 			t.patches.Add(1)
@@ -320,7 +325,11 @@ func newTest(ctx context.Context, conn conn, pool types.NamespacedName, f flags)
 			return c.Get(ctx, key, obj, opts...)
 		},
 	})
-	a, err := allocator.New(counted, allocator.WithAPIReader(counted), allocator.WithWriteConcurrency(f.writers))
+	opts := []allocator.Option{allocator.WithAPIReader(counted), allocator.WithWriteConcurrency(f.writers)}
+	if f.marks {
+		opts = append(opts, allocator.WithPodMarks(""))
+	}
+	a, err := allocator.New(counted, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -647,6 +656,10 @@ func (t *test) report() {
 	}
 	fmt.Printf("  API writes to claims    %d patches = %.2f per allocated claim (%d conflicts); %d live reads\n",
 		t.patches.Load(), perClaim, t.conflicts.Load(), t.liveReads.Load())
+	if n > 0 {
+		fmt.Printf("  API writes to pods      %d patches = %.2f per allocated claim (pod marks: %v)\n",
+			t.podPatches.Load(), float64(t.podPatches.Load())/float64(n), t.f.marks)
+	}
 	t.patchMu.Lock()
 	fmt.Printf("    patch request         %s   (%d at once at most)\n", pcts(t.patchLat), t.f.writers)
 	t.patchMu.Unlock()
