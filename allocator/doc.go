@@ -35,6 +35,23 @@
 // must create to meet the demand of its live claims. Rounds on one pool are
 // serialized by the allocator; rounds on different pools run in parallel.
 //
+// A caller that follows its pools through informer events can pass just
+// what changed to Allocator.Update after a pool's first Round: the cost of
+// such a round grows with the changes and the claims still waiting, not
+// with the pool. Round itself diffs its listing against what it saw last,
+// so an unchanged claim's record is never decoded again either way.
+//
+// # Pod marks
+//
+// WithPodMarks makes the allocator also mark each pod it hands out with its
+// claim (an annotation written under the pod's resourceVersion before the
+// claim's record, removed after the pod's release). Marks cost a pod write
+// per hand-out and per release, and make three things safe that records
+// alone cannot: a claim force-deleted while no allocator ran (its pods are
+// recycled after the restart), a record forged before a restart (a pod
+// marked for one claim is never believed to be another's), and two
+// allocators running on one pool at once (only one can mark a pod).
+//
 // # Recovery
 //
 // The first Round of a pool after New rebuilds the pool's allocation from
@@ -43,7 +60,13 @@
 // pool can be read and no pod is claimed twice. A claim deleted meanwhile
 // is still there, kept by the finalizer, so its pods are recycled before
 // they are handed out again. A claim whose finalizer was removed by hand
-// while no allocator ran leaves no record, and its pods look free.
+// while no allocator ran leaves no record: without pod marks its pods look
+// free; with them they are recycled.
+//
+// After recovery the allocator's own index is the truth: a record edited
+// by hand (pods added, removed or marked released) is written again as the
+// allocator knows it, and pods it lists that the claim does not hold are
+// not handed to it.
 //
 // # Failures
 //
@@ -64,8 +87,9 @@
 //     outcome is unknown keeps its pods out of the pool until it is settled.
 //   - ErrRecycle: the recycler failed for a pod; it stays held and is
 //     offered again next round.
-//   - ErrUntrustedRecord: a record lists pods the allocator never gave the
-//     claim; they are not handed to it.
+//   - ErrUntrustedRecord: a record differs from what the claim holds (pods
+//     the allocator never gave it, or held pods missing); the pods are not
+//     handed to it and the record is written again.
 //
 // A Round that returns an error still returns a valid Result; run another
 // round later.
