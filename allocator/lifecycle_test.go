@@ -305,11 +305,7 @@ func TestForceDeletedClaimPodsRecycledNeverHandedOutDirty(t *testing.T) {
 	f.round(a, pool)
 
 	// Force-delete: strip finalizers, then delete.
-	c := f.get("old")
-	c.Finalizers = nil
-	require.NoError(t, f.c.Update(f.ctx, c))
-	require.NoError(t, f.c.Delete(f.ctx, c))
-	require.True(t, f.gone("old"))
+	f.forceDelete("old")
 	f.claim("new", "p", 2)
 
 	// Until recycling finishes, the new claim gets nothing.
@@ -399,10 +395,7 @@ func TestPoolDeletedAndRecreatedStartsEmpty(t *testing.T) {
 	require.Len(t, f.snapshot(a, pool), 2)
 
 	// The pool goes away with its pods and claims.
-	c := f.get("c")
-	c.Finalizers = nil
-	require.NoError(t, f.c.Update(f.ctx, c))
-	require.NoError(t, f.c.Delete(f.ctx, c))
+	f.forceDelete("c")
 	require.NoError(t, f.c.DeleteAllOf(f.ctx, &corev1.Pod{}, client.InNamespace(f.ns), client.GracePeriodSeconds(0)))
 	require.NoError(t, a.ForgetPool(pool))
 	require.Empty(t, f.snapshot(a, pool))
@@ -456,10 +449,7 @@ func TestClaimRecreatedUnderSameNameInheritsNothing(t *testing.T) {
 	f.round(a, pool)
 	old := f.held("c")
 
-	c := f.get("c")
-	c.Finalizers = nil
-	require.NoError(t, f.c.Update(f.ctx, c))
-	require.NoError(t, f.c.Delete(f.ctx, c))
+	f.forceDelete("c")
 	f.claim("c", "p", 1)
 	f.round(a, pool) // old claim's pods recycled (no-op) and freed
 	f.round(a, pool)
@@ -529,35 +519,6 @@ func TestOpenSandboxRecordRecovered(t *testing.T) {
 	require.Empty(t, res.Allocated, "it holds p-0 and wants 1")
 	require.Equal(t, map[string]string{"p-0": "sbx"}, f.snapshot(a, pool))
 	require.ElementsMatch(t, []string{"p-1", "p-2"}, res.Idle)
-}
-
-func TestUnreadableRecordBlocksOnlyItsPool(t *testing.T) {
-	f := newFixture(t)
-	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
-	a := f.alloc()
-	f.claim("good", "p1", 1)
-	f.round(a, p1)
-	f.claim("bad", "p1", 1)
-	f.setAnnotation("bad", f.keys.Allocated, `{"pods":["p1-1",`)
-	f.claim("other", "p2", 1)
-
-	_, err := world.Round(f.ctx, a, f.c, p1)
-	require.ErrorIs(t, err, allocator.ErrPoolBlocked)
-	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
-	var ce *allocator.ClaimError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "bad", ce.Claim.Name)
-	require.Equal(t, `{"pods":["p1-1",`, f.get("bad").Annotations[f.keys.Allocated], "the bad record is left as it is")
-	require.Len(t, f.held("good"), 1, "nothing held is released on a guess")
-
-	// The other pool is served.
-	f.round(a, p2)
-	require.Len(t, f.held("other"), 1)
-
-	// Fixed, the pool is served again.
-	f.setAnnotation("bad", f.keys.Allocated, `{"pods":[]}`)
-	f.round(a, p1)
-	require.Len(t, f.held("bad"), 1)
 }
 
 func TestRecoveryRefusesPodListedByTwoClaims(t *testing.T) {
@@ -774,6 +735,11 @@ func TestMalformedRecordsFailClosedPerPool(t *testing.T) {
 
 			f.round(a, p2)
 			require.Len(t, f.held("other"), 1, "other pools are served")
+
+			// Fixed by its owner, the pool is served again.
+			f.setAnnotation("bad", key, `{"pods":[]}`)
+			f.round(a, p1)
+			require.Len(t, f.held("bad"), 1)
 		})
 	}
 }
