@@ -381,6 +381,9 @@ type claimInfo struct {
 	// rewrite is set when the claim's record differs from what it holds:
 	// its next write restores it.
 	rewrite bool
+	// unsettled is set after a write of unknown outcome, until a write of
+	// the claim succeeds: its record may legitimately differ meanwhile.
+	unsettled bool
 }
 
 const maxRVs = 4

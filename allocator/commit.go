@@ -26,6 +26,8 @@ type write struct {
 	// them could take a pod the owner already saw without a release. Once
 	// a write succeeds they are held for certain.
 	adopt []string
+	// marked are the pods of add whose mark was written for this write.
+	marked []string
 
 	// Outcome, set by do and read by apply.
 	obj     client.Object // the claim as stored after the write
@@ -77,14 +79,34 @@ func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
 	// write issued again, with those pods: once it succeeds they are held
 	// for certain, and a write still in flight can no longer land (the
 	// resourceVersion moved on).
-	for name, pi := range p.reserved {
-		if pi.reservedBy.listed {
-			w := get(pi.reservedBy)
-			w.adopt = append(w.adopt, name)
+	// Only when every reserved pod of the claim may still be handed to it
+	// (present, ready, within what it wants): otherwise the claim is not
+	// written at all until its reservations settle, since a write without
+	// them could drop a pod its owner already saw.
+	frozen := make(map[*claimInfo]bool)
+	for ci, pods := range r.reservationsByClaim() {
+		room := max(0, ci.want-(len(ci.held)-ci.recycling))
+		ok := ci.listed && !ci.terminating && len(pods) <= room
+		for _, pi := range pods {
+			ok = ok && pi.present && pi.ready
+		}
+		if !ok {
+			frozen[ci] = true
+			continue
+		}
+		w := get(ci)
+		for _, pi := range pods {
+			w.adopt = append(w.adopt, pi.name)
 		}
 	}
 	writes := make([]*write, 0, len(byClaim))
-	for _, w := range byClaim {
+	for ci, w := range byClaim {
+		if frozen[ci] {
+			continue
+		}
+		if ci.obj != nil && ci.obj.GetDeletionTimestamp() != nil {
+			w.add = nil // I8: a terminating claim gets nothing new
+		}
 		slices.Sort(w.adopt)
 		writes = append(writes, w)
 	}
@@ -274,6 +296,15 @@ func (r *round) apply(w *write) {
 	for _, name := range w.done {
 		ci.held[name].recycled = true
 	}
+	committed := w.err == nil && !w.gone
+	for _, name := range w.marked {
+		if !committed || !slices.Contains(w.add, name) {
+			if w.unknown && slices.Contains(w.add, name) {
+				continue // reserved; its mark stays while it may be held
+			}
+			p.unmark[name] = ci.uid
+		}
+	}
 	switch {
 	case w.gone:
 		// Nothing durable is left to change: recycled pods are free; the
@@ -291,12 +322,10 @@ func (r *round) apply(w *write) {
 		ci.listed = false
 	case w.err != nil:
 		r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: %w", ErrWrite, w.err)))
-		if !w.unknown {
-			for _, name := range w.add {
-				if p.pods[name].mark != "" {
-					p.unmark[name] = ci.uid
-				}
-			}
+		if w.unknown {
+			// What the server holds for the claim is unknown until a write
+			// of it succeeds: its record is not checked for tampering.
+			ci.unsettled = true
 		}
 		if w.unknown {
 			for _, name := range w.add {
@@ -356,6 +385,9 @@ func (r *round) apply(w *write) {
 		}
 		r.a.setHolds(ci.uid, p.name, len(ci.held) > 0)
 		ci.untrusted, ci.rewrite = nil, false
+		if w.obj != nil {
+			ci.unsettled = false
+		}
 	}
 }
 

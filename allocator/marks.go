@@ -101,6 +101,9 @@ func (r *round) markPods(writes []*write) {
 		if j.err == nil {
 			pi.stalePodRV(pi.rv)
 			pi.rv, pi.mark = j.rv, j.mark
+			if j.w != nil {
+				j.w.marked = append(j.w.marked, pi.name)
+			}
 			continue
 		}
 		if !definite(j.err) {

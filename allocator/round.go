@@ -467,6 +467,9 @@ func (r *round) claimGone(ci *claimInfo) {
 // missing from the record stays held. Either way the record is written
 // again.
 func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
+	if ci.unsettled {
+		return // a write of unknown outcome may have changed it
+	}
 	var extra []string
 	inRecord := 0
 	for _, pod := range rec.Held() {
@@ -493,6 +496,16 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	ci.untrusted = &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
 		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
 	r.errs = append(r.errs, ci.untrusted)
+}
+
+// reservationsByClaim groups the reserved pods by the claim they are
+// reserved for.
+func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
+	out := make(map[*claimInfo][]*podInfo)
+	for _, pi := range r.p.reserved {
+		out[pi.reservedBy] = append(out[pi.reservedBy], pi)
+	}
+	return out
 }
 
 // reservedFor counts the pods reserved for ci.
@@ -523,11 +536,7 @@ func (r *round) settleReservations() {
 	if len(r.p.reserved) == 0 {
 		return
 	}
-	byClaim := make(map[*claimInfo][]*podInfo)
-	for _, pi := range r.p.reserved {
-		byClaim[pi.reservedBy] = append(byClaim[pi.reservedBy], pi)
-	}
-	for ci, pods := range byClaim {
+	for ci, pods := range r.reservationsByClaim() {
 		var held []string
 		if ci.obj != nil {
 			if rec, err := r.a.cfg.syncer.Read(ci.obj); err == nil {
