@@ -371,6 +371,7 @@ func (r *round) apply(w *write) {
 			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
 			delete(p.reserved, name)
 		}
+		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
 				r.errs = append(r.errs, r.claimErr(ci, err))

@@ -648,7 +648,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		// Pods reserved for the claim by a write of unknown outcome may be
 		// its own: they count against what it wants, and the next write
 		// of its record carries them (see commit).
-		want = max(0, want-r.reservedFor(ci))
+		// They are not held yet, so they still count in the shortfall.
+		reserved := min(want, r.reservedFor(ci))
+		want -= reserved
+		r.shortfall += reserved
 		if len(ci.held) == 0 {
 			if _, moving := r.a.heldElsewhere(ci.uid, p.name); moving {
 				r.shortfall += want
