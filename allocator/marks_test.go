@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
@@ -122,15 +123,23 @@ func TestWithoutPodMarksForceDeleteWhileDownIsNotDetected(t *testing.T) {
 func TestTwoAllocatorsWithPodMarksNeverShareAPod(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 8)
+	// Different strategies, so the two make different choices: with the
+	// same one they would deterministically agree and hide the race.
+	a1 := f.alloc(allocator.WithPodMarks(""))
+	a2 := f.alloc(allocator.WithPodMarks(""), allocator.WithAlgorithm(algorithm.Spread{}))
+	// Both recover the empty pool first, as two replicas would at start:
+	// from then on neither believes records it did not write.
+	f.round(a1, pool)
+	f.round(a2, pool)
 	names := []string{"a", "b", "c", "d", "e", "f"}
 	for _, n := range names {
 		f.claim(n, "p", 2)
 	}
-	a1 := f.alloc(allocator.WithPodMarks(""))
-	a2 := f.alloc(allocator.WithPodMarks(""))
 	var wg sync.WaitGroup
+	start := make(chan struct{})
 	for i, a := range []allocator.Allocator{a1, a2} {
 		wg.Go(func() {
+			<-start
 			for round := range 12 {
 				_, _ = world.Round(f.ctx, a, f.c, pool)
 				if round == 6 && i == 0 {
@@ -139,6 +148,7 @@ func TestTwoAllocatorsWithPodMarksNeverShareAPod(t *testing.T) {
 			}
 		})
 	}
+	close(start)
 	wg.Wait()
 	marks := f.marks("p")
 	seen := map[string]string{}
