@@ -501,24 +501,38 @@ func TestRecoveryAfterAPIServerRestart(t *testing.T) {
 }
 
 func TestOpenSandboxRecordRecovered(t *testing.T) {
-	// A claim written by OpenSandbox's controller: its exact annotations.
-	f := newFixture(t)
-	f.keys = syncer.OpenSandboxKeys()
-	pool := f.pool("p", 3)
-	c := testenv.NewClaim(f.ns, "sbx", "p", 2)
-	c.Annotations = map[string]string{
-		"sandbox.opensandbox.io/alloc-status":   `{"pods":["p-0","p-2"]}`,
-		"sandbox.opensandbox.io/alloc-released": `{"pods":["p-2"]}`,
+	// A claim written by OpenSandbox's controller: its exact annotations,
+	// and no pod marks.
+	setup := func(t *testing.T) (*fixture, types.NamespacedName) {
+		f := newFixture(t)
+		f.keys = syncer.OpenSandboxKeys()
+		pool := f.pool("p", 3)
+		c := testenv.NewClaim(f.ns, "sbx", "p", 1)
+		c.Annotations = map[string]string{
+			"sandbox.opensandbox.io/alloc-status":   `{"pods":["p-0","p-2"]}`,
+			"sandbox.opensandbox.io/alloc-released": `{"pods":["p-2"]}`,
+		}
+		c.Finalizers = []string{"pool.sandbox.opensandbox.io/pool-allocation"}
+		require.NoError(t, f.c.Create(f.ctx, c))
+		return f, pool
 	}
-	c.Finalizers = []string{"pool.sandbox.opensandbox.io/pool-allocation"}
-	require.NoError(t, f.c.Create(f.ctx, c))
-	f.scale("sbx", 1)
-
-	a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()))
-	res := f.round(a, pool)
-	require.Empty(t, res.Allocated, "it holds p-0 and wants 1")
-	require.Equal(t, map[string]string{"p-0": "sbx"}, f.snapshot(a, pool))
-	require.ElementsMatch(t, []string{"p-1", "p-2"}, res.Idle)
+	t.Run("migrate", func(t *testing.T) {
+		f, pool := setup(t)
+		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()), allocator.WithPodMarkMigration(true))
+		res := f.round(a, pool)
+		require.Empty(t, res.Allocated, "it holds p-0 and wants 1")
+		require.Equal(t, map[string]string{"p-0": "sbx"}, f.snapshot(a, pool))
+		require.ElementsMatch(t, []string{"p-1", "p-2"}, res.Idle)
+		require.Equal(t, "sbx/"+string(f.get("sbx").UID), f.marks("p")["p-0"], "migrated pods get their mark")
+	})
+	t.Run("without-migration-unmarked-pods-are-not-believed", func(t *testing.T) {
+		f, pool := setup(t)
+		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()))
+		res, err := world.Round(f.ctx, a, f.c, pool)
+		require.ErrorIs(t, err, allocator.ErrUntrustedRecord)
+		require.ErrorContains(t, err, "p-0")
+		require.Len(t, grantsTo(res, "sbx"), 1, "served as a claim holding nothing")
+	})
 }
 
 func TestRecoveryRefusesPodListedByTwoClaims(t *testing.T) {

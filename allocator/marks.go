@@ -192,8 +192,9 @@ func removeString(s []string, v string) []string {
 //     moved while no allocator ran) is adopted for that claim, which is an
 //     orphan: the pod is recycled before anyone gets it;
 //   - a pod marked for a listed claim whose record does not list it (a
-//     record edited by hand, or a crash between mark and record write) is
-//     that claim's: the record is written again with it.
+//     record edited by hand, or a write that failed or was cut short after
+//     the mark) goes back to that claim if it may still take it; otherwise
+//     it is settled like a write of unknown outcome.
 func (r *round) recoverMarks(all []found) []found {
 	p := r.p
 	listed := make(map[types.UID]*found, len(all))
@@ -247,10 +248,18 @@ func (r *round) recoverMarks(all []found) []found {
 			continue
 		}
 		if f := listed[h.UID]; f != nil {
-			// The mark, which only the allocator writes, wins over a
-			// record that lost the pod; the record is written again.
-			f.held = append(f.held, name)
-			f.ci.rewrite = true
+			// Only the allocator writes marks, so the pod was handed to the
+			// claim, or about to be when a write failed or the process
+			// stopped. If the claim may still take it (live, room left, the
+			// pod ready), the hand-out is completed and the record written
+			// again; otherwise it is settled like a write of unknown outcome.
+			if !f.ci.terminating && pi.present && pi.ready && len(f.held) < f.ci.want {
+				f.held = append(f.held, name)
+				f.ci.rewrite = true
+			} else {
+				pi.reservedBy, pi.reservedUntil = f.ci, r.now
+				p.reserved[name] = pi
+			}
 			continue
 		}
 		f := orphans[h.UID]

@@ -130,16 +130,19 @@ func WithReplaceLost(replace bool) Option {
 	return optionFunc(func(c *config) { c.replaceLost = replace })
 }
 
-// DefaultPodMarkKey is the pod annotation WithPodMarks uses when given "".
+// DefaultPodMarkKey is the pod annotation pod marks use by default.
 const DefaultPodMarkKey = "poolalloc.io/claim"
 
-// WithPodMarks makes the allocator mark every pod it hands out with the
-// UID of its claim, in an annotation on the pod (key; "" means
-// DefaultPodMarkKey), written with the pod's resourceVersion as a lock
-// before the claim's record, and removed only after the pod was recycled
-// and its release recorded. It costs one pod write per pod handed out and
-// one per pod released, and buys three things the claim's record alone
-// cannot give:
+// WithPodMarks sets the pod annotation of pod marks (key; "" means
+// DefaultPodMarkKey). Pod marks are on by default; WithoutPodMarks turns
+// them off.
+//
+// With pod marks the allocator marks every pod it hands out with its
+// claim's name and UID, in an annotation on the pod written with the pod's
+// resourceVersion as a lock before the claim's record, and removed only
+// after the pod was recycled and its release recorded. It costs one pod
+// write per pod handed out and one per pod released, and buys three things
+// the claim's record alone cannot give:
 //
 //   - a pod of a claim force-deleted while no allocator ran is still known
 //     to be dirty after a restart, and is recycled;
@@ -158,9 +161,16 @@ func WithPodMarks(key string) Option {
 	})
 }
 
+// WithoutPodMarks turns pod marks off: one write per hand-out instead of
+// two, at the price of what WithPodMarks lists. In particular the pods of a
+// claim force-deleted while no allocator ran look free after a restart and
+// may be handed out without being recycled (DESIGN's I6 then holds only for
+// claims deleted gracefully).
+func WithoutPodMarks() Option { return optionFunc(func(c *config) { c.markKey = "" }) }
+
 // WithPodMarkMigration makes recovery believe records that list pods
-// carrying no mark, and mark them: for the first start with WithPodMarks on
-// pools whose allocations were made without marks. Without it, such pods
+// carrying no mark, and mark them: for the first start with pod marks on
+// pools whose allocations were made without them. Without it, such pods
 // are not given to the claim that lists them (a record is editable by the
 // claim's users; a mark only by the allocator). Turn it off again once every
 // pool has recovered.
@@ -175,6 +185,7 @@ func WithZoneLabel(key string) Option { return optionFunc(func(c *config) { c.zo
 func newConfig(c client.Client, opts []Option) (*config, error) {
 	cfg := &config{
 		client:    c,
+		markKey:   DefaultPodMarkKey,
 		algorithm: algorithm.Packed{},
 		ready:     PodReady,
 		recycle:   RecycleNoop,
@@ -201,11 +212,11 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
 	}
 	if cfg.markMigrate && cfg.markKey == "" {
-		return nil, fmt.Errorf("%w: WithPodMarkMigration without WithPodMarks", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithoutPodMarks", ErrInvalidOption)
 	}
 	if cfg.markKey != "" {
 		if c == nil {
-			return nil, fmt.Errorf("%w: WithPodMarks needs a client", ErrInvalidOption)
+			return nil, fmt.Errorf("%w: pod marks need a client (or WithoutPodMarks)", ErrInvalidOption)
 		}
 		if errs := validation.IsQualifiedName(cfg.markKey); len(errs) > 0 {
 			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))

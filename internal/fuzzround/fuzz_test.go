@@ -54,8 +54,8 @@ func FuzzRound(f *testing.F) {
 		objs = append(objs, c1, c2)
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
 		var opts []allocator.Option
-		if marks {
-			opts = append(opts, allocator.WithPodMarks(""))
+		if !marks {
+			opts = append(opts, allocator.WithoutPodMarks())
 		}
 		a, err := allocator.New(c, opts...)
 		if err != nil {
