@@ -34,11 +34,13 @@ var (
 	// ErrRecycle: the recycle hook failed for a pod. The pod stays held by
 	// its claim and is offered to the hook again next round.
 	ErrRecycle = errors.New("recycle failed")
-	// ErrUntrustedRecord: a claim's record lists pods the allocator never
-	// gave it (for example, edited by hand after the allocator recovered).
-	// Those pods are not handed to it, and the next write of its record
-	// drops them.
-	ErrUntrustedRecord = errors.New("record lists pods the claim does not hold")
+	// ErrUntrustedRecord: a claim's record differs from what the allocator
+	// knows the claim holds: it lists pods the allocator never gave it, or
+	// misses pods it holds (edited by hand, or, with pod marks, pods not
+	// marked for it at recovery). Pods it lists wrongly are not handed to
+	// it, pods it misses stay held, and the next write of its record puts
+	// it right.
+	ErrUntrustedRecord = errors.New("record differs from what the claim holds")
 )
 
 // ClaimError is an error about one claim. It matches the sentinel in Err.
