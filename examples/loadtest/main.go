@@ -48,22 +48,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/cluster"
 	"github.com/poolalloc/poolalloc/internal/testenv"
-	"github.com/poolalloc/poolalloc/syncer"
 )
 
 // target is the goal of the issue: 1,000 single-pod claims on a 1,200-pod
@@ -102,21 +97,21 @@ func main() {
 
 func run(ctx context.Context, f flags) (err error) {
 	ctrllog.SetLogger(logr.Discard()) // envtest and the cache log through it
-	conn, err := connect(ctx)
+	conn, err := cluster.Connect(ctx)
 	if err != nil {
 		return err
 	}
 	// Cleanup runs after an error or Ctrl-C too, on a context of its own.
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	defer func() { err = errors.Join(err, conn.close(cleanupCtx)) }()
-	c := conn.client
+	defer func() { err = errors.Join(err, conn.Close(cleanupCtx)) }()
+	c := conn.Client
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "poolalloc-loadtest-"}}
 	if err := c.Create(ctx, ns); err != nil {
 		return fmt.Errorf("create namespace: %w", err)
 	}
-	defer func() { err = errors.Join(err, removeNamespace(cleanupCtx, c, ns.Name, f.concurrency)) }()
+	defer func() { err = errors.Join(err, cluster.RemoveNamespace(cleanupCtx, c, ns.Name, f.concurrency)) }()
 	pool := types.NamespacedName{Namespace: ns.Name, Name: "warm"}
 
 	start := time.Now()
@@ -139,98 +134,6 @@ func run(ctx context.Context, f flags) (err error) {
 
 // since is the time since start, rounded for printing.
 func since(start time.Time) time.Duration { return time.Since(start).Round(time.Millisecond) }
-
-// conn is a connection to an API server.
-type conn struct {
-	cfg    *rest.Config
-	scheme *runtime.Scheme
-	client client.WithWatch
-	// embedded is set when the API server was started by connect.
-	embedded bool
-	// close undoes connect: it stops the embedded API server, or removes
-	// the CRDs connect installed.
-	close func(context.Context) error
-}
-
-// connect connects to the cluster of KUBECONFIG, or to an embedded API
-// server when KUBECONFIG is not set.
-func connect(ctx context.Context) (conn, error) {
-	if os.Getenv("KUBECONFIG") == "" {
-		fmt.Println("KUBECONFIG is not set: starting an embedded kube-apiserver and etcd")
-		env, err := testenv.Start(ctx, os.Stderr)
-		if err != nil {
-			return conn{}, err
-		}
-		c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-		if err != nil {
-			return conn{}, errors.Join(fmt.Errorf("client: %w", err), env.Stop())
-		}
-		return conn{cfg: env.Config, scheme: env.Scheme, client: c, embedded: true,
-			close: func(context.Context) error { return env.Stop() }}, nil
-	}
-	cfg, err := config.GetConfig()
-	if err != nil {
-		return conn{}, err
-	}
-	scheme, err := testenv.NewScheme()
-	if err != nil {
-		return conn{}, err
-	}
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return conn{}, fmt.Errorf("client: %w", err)
-	}
-	fmt.Println("using the cluster of KUBECONFIG at", cfg.Host)
-	var installed []client.Object // CRDs we created, the only ones we remove
-	undo := func(ctx context.Context) error {
-		var errs []error
-		for _, crd := range installed {
-			errs = append(errs, client.IgnoreNotFound(c.Delete(ctx, crd)))
-		}
-		return errors.Join(errs...)
-	}
-	for _, crd := range testenv.CRDs() {
-		switch err := c.Create(ctx, crd); {
-		case err == nil:
-			installed = append(installed, crd)
-		case !apierrors.IsAlreadyExists(err):
-			return conn{}, errors.Join(fmt.Errorf("install CRD %s: %w", crd.Name, err), undo(context.WithoutCancel(ctx)))
-		}
-	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		return c.List(ctx, &testenv.ClaimList{}, client.Limit(1)) == nil, nil
-	})
-	if err != nil {
-		return conn{}, errors.Join(fmt.Errorf("wait for the claim CRD: %w", err), undo(context.WithoutCancel(ctx)))
-	}
-	return conn{cfg: cfg, scheme: scheme, client: c, close: undo}, nil
-}
-
-// removeNamespace takes our finalizer off the claims, workers at a time (no
-// allocator will release them now), and deletes the namespace.
-func removeNamespace(ctx context.Context, c client.Client, ns string, workers int) error {
-	var claims testenv.ClaimList
-	if err := c.List(ctx, &claims, client.InNamespace(ns)); err != nil {
-		return fmt.Errorf("cleanup: list claims: %w", err)
-	}
-	var g errgroup.Group
-	g.SetLimit(workers)
-	for i := range claims.Items {
-		cl, orig := &claims.Items[i], claims.Items[i].DeepCopy()
-		if !controllerutil.RemoveFinalizer(cl, syncer.DefaultKeys().Finalizer) {
-			continue
-		}
-		g.Go(func() error {
-			if err := c.Patch(ctx, cl, client.MergeFrom(orig)); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("cleanup: claim %s/%s: remove finalizer: %w", ns, cl.Name, err)
-			}
-			return nil
-		})
-	}
-	err := g.Wait()
-	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
-	return errors.Join(err, client.IgnoreNotFound(c.Delete(ctx, nsObj)))
-}
 
 // test is one load test. The round loop runs on the goroutine that calls
 // run; fields are owned by it unless their comment says otherwise.
@@ -275,14 +178,14 @@ type test struct {
 	load             [2]string     // load average at the start and the end
 }
 
-func newTest(ctx context.Context, conn conn, pool types.NamespacedName, f flags) (*test, error) {
+func newTest(ctx context.Context, conn cluster.Conn, pool types.NamespacedName, f flags) (*test, error) {
 	t := &test{
 		f:          f,
-		c:          conn.client,
+		c:          conn.Client,
 		pool:       pool,
 		kick:       make(chan struct{}, 1),
 		index:      make(map[string]int, f.claims),
-		embedded:   conn.embedded,
+		embedded:   conn.Embedded,
 		created:    make([]atomic.Int64, f.claims),
 		createDone: make([]atomic.Int64, f.claims),
 		cached:     make([]atomic.Int64, f.claims),
@@ -295,7 +198,7 @@ func newTest(ctx context.Context, conn conn, pool types.NamespacedName, f flags)
 
 	// The allocator's client counts its writes to claims and its live
 	// reads of claims: it reads and writes the API server directly.
-	counted := interceptor.NewClient(conn.client, interceptor.Funcs{
+	counted := interceptor.NewClient(conn.Client, interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if !isClaim(c, obj) {
 				if _, isPod := obj.(*corev1.Pod); isPod {
@@ -368,9 +271,9 @@ func isClaim(c client.Client, obj client.Object) bool {
 
 // startCache starts an informer cache of the namespace with informers for
 // pods and claims, and waits until both have synced.
-func (t *test) startCache(ctx context.Context, conn conn) error {
-	ca, err := cache.New(conn.cfg, cache.Options{
-		Scheme:            conn.scheme,
+func (t *test) startCache(ctx context.Context, conn cluster.Conn) error {
+	ca, err := cache.New(conn.Config, cache.Options{
+		Scheme:            conn.Scheme,
 		DefaultNamespaces: map[string]cache.Config{t.pool.Namespace: {}},
 	})
 	if err != nil {

@@ -25,16 +25,13 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/cluster"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
 	"github.com/poolalloc/poolalloc/syncer"
@@ -52,19 +49,20 @@ func main() {
 
 func run(ctx context.Context) (err error) {
 	ctrllog.SetLogger(logr.Discard()) // envtest logs through it
-	c, disconnect, err := connect(ctx)
+	conn, err := cluster.Connect(ctx)
 	if err != nil {
 		return err
 	}
 	// Cleanup runs after an error or Ctrl-C too, on a context of its own.
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	defer func() { err = errors.Join(err, disconnect(cleanupCtx)) }()
+	defer func() { err = errors.Join(err, conn.Close(cleanupCtx)) }()
+	c := conn.Client
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "poolalloc-quickstart-"}}
 	if err := c.Create(ctx, ns); err != nil {
 		return fmt.Errorf("create namespace: %w", err)
 	}
-	defer func() { err = errors.Join(err, removeNamespace(cleanupCtx, c, ns.Name)) }()
+	defer func() { err = errors.Join(err, cluster.RemoveNamespace(cleanupCtx, c, ns.Name, 8)) }()
 	d := demo{c: c, pool: types.NamespacedName{Namespace: ns.Name, Name: "warm"}}
 	fmt.Printf("namespace %s, pool %s\n", ns.Name, d.pool.Name)
 
@@ -160,69 +158,6 @@ func run(ctx context.Context) (err error) {
 	}
 	fmt.Println("\nrecovered: identical")
 	return nil
-}
-
-// connect returns a client of the KUBECONFIG cluster, or of an embedded API
-// server when KUBECONFIG is not set, and a function that undoes it.
-func connect(ctx context.Context) (client.Client, func(context.Context) error, error) {
-	if os.Getenv("KUBECONFIG") == "" {
-		fmt.Println("KUBECONFIG is not set: starting an embedded kube-apiserver and etcd (build progress, if any, on stderr)")
-		env, err := testenv.Start(ctx, os.Stderr)
-		if err != nil {
-			return nil, nil, err
-		}
-		return env.Client, func(context.Context) error { return env.Stop() }, nil
-	}
-	cfg, err := config.GetConfig()
-	if err != nil {
-		return nil, nil, err
-	}
-	scheme, err := testenv.NewScheme()
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, nil, err
-	}
-	fmt.Println("using the cluster of KUBECONFIG at", cfg.Host)
-	var created []client.Object // CRDs we installed, the only ones we remove
-	undo := func(ctx context.Context) error {
-		var errs []error
-		for _, crd := range created {
-			errs = append(errs, client.IgnoreNotFound(c.Delete(ctx, crd)))
-		}
-		return errors.Join(errs...)
-	}
-	for _, crd := range testenv.CRDs() {
-		if err := c.Create(ctx, crd); err == nil {
-			created = append(created, crd)
-		} else if !apierrors.IsAlreadyExists(err) {
-			return nil, nil, errors.Join(fmt.Errorf("install CRD %s: %w", crd.Name, err), undo(context.WithoutCancel(ctx)))
-		}
-	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		return c.List(ctx, &testenv.ClaimList{}, client.Limit(1)) == nil, nil
-	})
-	if err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("wait for the claim CRD: %w", err), undo(context.WithoutCancel(ctx)))
-	}
-	return c, undo, nil
-}
-
-// removeNamespace takes our finalizer off the claims left (no allocator
-// will release them now) and deletes the namespace.
-func removeNamespace(ctx context.Context, c client.Client, ns string) error {
-	var claims testenv.ClaimList
-	errs := []error{c.List(ctx, &claims, client.InNamespace(ns))}
-	for i := range claims.Items {
-		cl, orig := &claims.Items[i], claims.Items[i].DeepCopy()
-		if controllerutil.RemoveFinalizer(cl, syncer.DefaultKeys().Finalizer) {
-			errs = append(errs, client.IgnoreNotFound(c.Patch(ctx, cl, client.MergeFrom(orig))))
-		}
-	}
-	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
-	return errors.Join(append(errs, client.IgnoreNotFound(c.Delete(ctx, nsObj)))...)
 }
 
 // newScrubber stands in for a real recycle hook (restarting a sandbox,
