@@ -447,7 +447,7 @@ func TestClaimRecreatedUnderSameNameInheritsNothing(t *testing.T) {
 	a := f.alloc()
 	f.claim("c", "p", 2)
 	f.round(a, pool)
-	old := f.held("c")
+	require.Len(t, f.held("c"), 2)
 
 	f.forceDelete("c")
 	f.claim("c", "p", 1)
@@ -461,7 +461,6 @@ func TestClaimRecreatedUnderSameNameInheritsNothing(t *testing.T) {
 	for _, h := range snap {
 		require.Equal(t, f.get("c").UID, h.UID)
 	}
-	_ = old
 }
 
 func TestRecoveryRebuildsExactly(t *testing.T) {
