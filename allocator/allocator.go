@@ -417,13 +417,3 @@ func (c *claimInfo) addRV(rv string) {
 }
 
 func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }
-
-// heldNames returns the claim's held pods, sorted.
-func (c *claimInfo) heldNames() []string {
-	out := make([]string, 0, len(c.held))
-	for n := range c.held {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}

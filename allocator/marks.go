@@ -3,6 +3,7 @@ package allocator
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -114,7 +115,7 @@ func (r *round) markPods(writes []*write) {
 			r.p.refreshFree(pi)
 		}
 		if j.w != nil {
-			j.w.add = removeString(j.w.add, pi.name)
+			j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name })
 			r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
 		}
 	}
@@ -172,16 +173,6 @@ func (pi *podInfo) stalePodRV(rv string) {
 	pi.oldRVs = append(pi.oldRVs, rv)
 }
 
-func removeString(s []string, v string) []string {
-	out := s[:0:0]
-	for _, x := range s {
-		if x != v {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
 // recoverMarks reconciles the records read at recovery with the pods'
 // marks:
 //   - a pod a record lists but whose mark names another claim, or that
@@ -205,7 +196,7 @@ func (r *round) recoverMarks(all []found) []found {
 	for i := range all {
 		f := &all[i]
 		var untrusted []string
-		f.held = removeFunc(f.held, func(pod string) bool {
+		f.held = slices.DeleteFunc(f.held, func(pod string) bool {
 			pi := p.pods[pod]
 			if pi == nil || !pi.present {
 				return false // lost; it cannot be handed out anyway
@@ -274,14 +265,4 @@ func (r *round) recoverMarks(all []found) []found {
 		all = append(all, *f)
 	}
 	return all
-}
-
-func removeFunc(s []string, del func(string) bool) []string {
-	out := s[:0:0]
-	for _, x := range s {
-		if !del(x) {
-			out = append(out, x)
-		}
-	}
-	return out
 }
