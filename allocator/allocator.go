@@ -156,6 +156,26 @@ type defaultAllocator struct {
 	// in. A claim moved from pool A to pool B is served in B only when it
 	// holds nothing in A any more.
 	claimPools map[types.UID]map[types.NamespacedName]struct{}
+
+	// protoMu guards protoObj: a claim listed in some pool, whose Go type
+	// and kind serve to read claims known only from pod marks in pools
+	// that have listed none.
+	protoMu  sync.Mutex
+	protoObj client.Object
+}
+
+func (a *defaultAllocator) proto() client.Object {
+	a.protoMu.Lock()
+	defer a.protoMu.Unlock()
+	return a.protoObj
+}
+
+func (a *defaultAllocator) setProto(o client.Object) {
+	a.protoMu.Lock()
+	defer a.protoMu.Unlock()
+	if a.protoObj == nil {
+		a.protoObj = o
+	}
 }
 
 func (a *defaultAllocator) Store() store.AllocationStore { return a.cfg.store }
@@ -165,7 +185,7 @@ func (a *defaultAllocator) getPool(name types.NamespacedName) *pool {
 	defer a.mu.Unlock()
 	p := a.pools[name]
 	if p == nil {
-		p = newPool(name)
+		p = a.newPool(name)
 		a.pools[name] = p
 	}
 	return p
@@ -239,8 +259,20 @@ type pool struct {
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
-	free   []algorithm.Candidate
+	free []algorithm.Candidate
+	// offer is the copy of free handed to the algorithm, kept to reuse
+	// its memory.
+	offer  []algorithm.Candidate
 	claims map[types.UID]*claimInfo
+	// forgotten holds the newest resourceVersion of claims that left the
+	// pool holding nothing, so that a lagging listing showing one again
+	// is not taken for a new claim. It is cleared when it grows large.
+	forgotten map[types.UID]uint64
+	// proto is a claim of the pool as listed: its Go type and kind are
+	// used to read claims known only from pod marks.
+	proto client.Object
+	// anyProto returns a claim listed in any pool, when this pool has none.
+	anyProto func() client.Object
 
 	// dirtyPeak is the largest size of dirty since it was last rebuilt.
 	dirtyPeak int
@@ -259,23 +291,28 @@ type pool struct {
 	// lost holds the held pods, not being recycled, that are missing or not
 	// ready.
 	lost map[string]*podInfo
-	// unmark holds pods this allocator freed whose mark it still has to
-	// remove (WithPodMarks), with the claim UID the mark must still name.
-	unmark map[string]types.UID
+	// unmark holds pods whose mark the allocator may remove (WithPodMarks),
+	// with the claim UID the mark must still name and what justifies it.
+	unmark map[string]unmarkEntry
+	// settling holds the pods being settled for a claim whose record does
+	// not list them (podInfo.settleFor).
+	settling map[string]*podInfo
 	// tomark holds held pods recovered from records that carry no mark yet.
 	tomark map[string]types.UID
 }
 
-func newPool(name types.NamespacedName) *pool {
+func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{
 		name:      name,
+		anyProto:  a.proto,
 		pods:      make(map[string]*podInfo),
 		claims:    make(map[types.UID]*claimInfo),
 		dirty:     make(map[*claimInfo]struct{}),
 		recycling: make(map[string]*podInfo),
 		reserved:  make(map[string]*podInfo),
 		lost:      make(map[string]*podInfo),
-		unmark:    make(map[string]types.UID),
+		unmark:    make(map[string]unmarkEntry),
+		settling:  make(map[string]*podInfo),
 		tomark:    make(map[string]types.UID),
 	}
 }
@@ -284,11 +321,21 @@ func newPool(name types.NamespacedName) *pool {
 // claim holds it (a mirror of the store, kept in step with it).
 type podInfo struct {
 	name, node, zone string
-	rv               string
-	present, ready   bool
+	// uid is the pod's UID: a pod listed under a known name with another
+	// UID is a new pod (see next).
+	uid            types.UID
+	rv             string
+	present, ready bool
 	// mark is the pod's mark annotation as last seen or written (only with
-	// WithPodMarks): the UID of the claim it was handed to.
+	// pod marks): "<claim name>/<claim uid>".
 	mark string
+	// markRV bounds from above the resourceVersion at which the mark got
+	// its value: the pod's resourceVersion when the allocator first saw
+	// the value, or its own write of it. 0 when unknown or unmarked.
+	markRV uint64
+	// markOwn is set while mark is a value this allocator wrote itself at
+	// exactly markRV.
+	markOwn bool
 	// oldRVs are resourceVersions the pod had before writes of ours: a
 	// listing showing one of them is older than what we know.
 	oldRVs []string
@@ -304,11 +351,24 @@ type podInfo struct {
 	// outcome is settled, no earlier than reservedUntil.
 	reservedBy    *claimInfo
 	reservedUntil time.Time
-	freeIdx       int
+	// settleFor is set (pod marks) while the pod is marked for that claim
+	// but its record does not list it as held: whoever marked it, the pod
+	// is recycled for that claim and recorded as released before the mark
+	// is removed (DESIGN I13).
+	settleFor *claimInfo
+	// strays counts the claims whose record lists the pod as held although
+	// they do not hold it (a record edited by hand, a pod recreated under
+	// the name, a stale record). Such a pod is not a candidate.
+	strays int
+	// next is a newer pod under the same name (another UID), waiting for
+	// this one to be released: it takes this entry's place then.
+	next    *podInfo
+	freeIdx int
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
-	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil && pi.mark == ""
+	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil &&
+		pi.mark == "" && pi.settleFor == nil && pi.strays == 0 && p.pods[pi.name] == pi
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
@@ -384,6 +444,17 @@ type claimInfo struct {
 	// unsettled is set after a write of unknown outcome, until a write of
 	// the claim succeeds: its record may legitimately differ meanwhile.
 	unsettled bool
+
+	// With pod marks:
+	// recRV is the resourceVersion of the newest version of the claim whose
+	// record the allocator took in (listed, written, or read live).
+	recRV uint64
+	// strays are pods its record lists as held that it does not hold.
+	strays []string
+	// since is when a claim known only from pod marks was first met.
+	since time.Time
+	// gone is set once a live read found the claim deleted.
+	gone bool
 }
 
 const maxRVs = 4
@@ -417,3 +488,22 @@ func (c *claimInfo) addRV(rv string) {
 }
 
 func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }
+
+// maxForgotten bounds pool.forgotten.
+const maxForgotten = 4096
+
+// forget remembers the newest resourceVersion of a claim that left the
+// pool.
+func (p *pool) forget(ci *claimInfo) {
+	rv := ci.recRV
+	if ci.obj != nil {
+		rv = max(rv, rvNum(ci.obj.GetResourceVersion()))
+	}
+	if rv == 0 {
+		return
+	}
+	if p.forgotten == nil || len(p.forgotten) >= maxForgotten {
+		p.forgotten = make(map[types.UID]uint64)
+	}
+	p.forgotten[ci.uid] = rv
+}

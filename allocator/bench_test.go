@@ -91,7 +91,7 @@ func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Optio
 	// fields, which triples the cost of every fake write and is not what
 	// is measured here.
 	tracker := clienttesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
-	bp.c = fake.NewClientBuilder().WithScheme(scheme).WithObjectTracker(tracker).WithObjects(objs...).Build()
+	bp.c = fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithObjectTracker(tracker).WithObjects(objs...).Build()
 	for _, o := range objs {
 		// Read back for the resourceVersion the fake server gave it.
 		cl := &testenv.Claim{}

@@ -28,6 +28,9 @@ type write struct {
 	adopt []string
 	// marked are the pods of add whose mark was written for this write.
 	marked []string
+	// settled are pods settled for the claim (pod marks): recycled, to be
+	// recorded as released although its record does not list them held.
+	settled []string
 
 	// Outcome, set by do and read by apply.
 	obj     client.Object // the claim as stored after the write
@@ -41,7 +44,7 @@ type write struct {
 
 // commit writes every changed claim, concurrently, then applies the
 // outcomes to the store and the pool in one place.
-func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
+func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]string) {
 	p := r.p
 	byClaim := make(map[*claimInfo]*write)
 	get := func(ci *claimInfo) *write {
@@ -57,6 +60,32 @@ func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
 	}
 	for ci, pods := range done {
 		get(ci).done = pods
+	}
+	for ci, pods := range settled {
+		// A pod the known record already lists as released needs no write:
+		// its mark may go if that record is newer than the mark.
+		var write, freed []string
+		for _, name := range pods {
+			pi := p.settling[name]
+			switch {
+			case slices.Contains(ci.released, name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
+				r.endSettle(pi)
+				r.queueUnmark(pi, ci.uid, ci.recRV)
+			case ci.gone:
+				r.endSettle(pi)
+				r.queueUnmark(pi, ci.uid, fenceGone)
+			default:
+				write = append(write, name)
+				continue
+			}
+			freed = append(freed, name)
+		}
+		if len(freed) > 0 {
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: freed})
+		}
+		if len(write) > 0 {
+			get(ci).settled = write
+		}
 	}
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
@@ -80,18 +109,26 @@ func (r *round) commit(allocs []algorithm.Grant, done map[*claimInfo][]string) {
 	// for certain, and a write still in flight can no longer land (the
 	// resourceVersion moved on).
 	// Only when every reserved pod of the claim may still be handed to it
-	// (present, ready, within what it wants): otherwise the claim is not
-	// written at all until its reservations settle, since a write without
-	// them could drop a pod its owner already saw.
+	// (present, ready, within what it wants). Otherwise, without pod marks,
+	// the claim is not written at all until its reservations settle, since
+	// a write without them (based on a live read) could drop a pod its
+	// owner already saw; with marks, a write keeps every pod the version it
+	// replaces lists and that is marked for the claim, reserved ones too.
 	frozen := make(map[*claimInfo]bool)
 	for ci, pods := range r.reservationsByClaim() {
 		room := max(0, ci.want-(len(ci.held)-ci.recycling))
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
+			if r.marks() && ci.obj != nil {
+				// A write adds a pod only under a mark newer than the
+				// version it replaces: no one can have settled the pod
+				// since (that write would be newer).
+				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.obj.GetResourceVersion()) < pi.markRV
+			}
 		}
 		if !ok {
-			frozen[ci] = true
+			frozen[ci] = !r.marks()
 			continue
 		}
 		w := get(ci)
@@ -154,9 +191,23 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 		gone[p] = struct{}{}
 	}
 	allocated := make([]string, 0, len(ci.held)+len(w.add))
-	for name := range ci.held {
-		if _, ok := gone[name]; !ok {
-			allocated = append(allocated, name)
+	if r.marks() {
+		// Only pods the version replaced lists, and that are marked for
+		// the claim, are kept: nothing is re-added from memory.
+		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
+			for _, name := range rec.Held() {
+				pi := r.p.pods[name]
+				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil &&
+					(pi.holder == ci || pi.reservedBy == ci) {
+					allocated = append(allocated, name)
+				}
+			}
+		}
+	} else {
+		for name := range ci.held {
+			if _, ok := gone[name]; !ok {
+				allocated = append(allocated, name)
+			}
 		}
 	}
 	allocated = append(allocated, w.add...)
@@ -171,7 +222,7 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 			released = append(released, p)
 		}
 	}
-	for _, p := range w.done {
+	for _, p := range slices.Concat(w.done, w.settled) {
 		if !slices.Contains(released, p) {
 			released = append(released, p)
 		}
@@ -201,9 +252,15 @@ func (r *round) do(w *write) {
 	s := r.a.cfg.syncer
 	base := w.ci.obj
 	if base == nil {
-		// A claim known only from its pods' marks: it does not exist.
-		w.gone = true
-		return
+		// A claim known only from its pods' marks.
+		if w.ci.gone {
+			w.gone = true
+			return
+		}
+		if base = r.p.protoFor(w.ci); base == nil {
+			w.err = fmt.Errorf("read claim: %w", errNoProto)
+			return
+		}
 	}
 	if !w.ci.listed {
 		// Not in the listing: it may be gone or moved; ask the server.
@@ -223,7 +280,8 @@ func (r *round) do(w *write) {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
 	rec, fin := r.desired(w, base)
-	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && !w.ci.rewrite && fin == s.HasFinalizer(base) {
+	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
+		!w.ci.rewrite && fin == s.HasFinalizer(base) {
 		w.obj, w.rec = base, rec
 		return
 	}
@@ -294,7 +352,9 @@ func (r *round) apply(w *write) {
 		ci.terminating = true // safe to learn from a live read: it never reverts
 	}
 	for _, name := range w.done {
-		ci.held[name].recycled = true
+		if pi := ci.held[name]; pi != nil {
+			pi.recycled = true
+		}
 	}
 	committed := w.err == nil && !w.gone
 	for _, name := range w.marked {
@@ -302,11 +362,14 @@ func (r *round) apply(w *write) {
 			if w.unknown && slices.Contains(w.add, name) {
 				continue // reserved; its mark stays while it may be held
 			}
-			p.unmark[name] = ci.uid
+			// The hand-out failed for certain: no record lists the pod,
+			// and none can while it carries the mark.
+			r.queueUnmark(p.pods[name], ci.uid, fenceGone)
 		}
 	}
 	switch {
 	case w.gone:
+		ci.gone = true
 		// Nothing durable is left to change: recycled pods are free; the
 		// rest are given back through recycling next round.
 		if len(w.done) > 0 {
@@ -315,9 +378,17 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range w.done {
-				r.unhold(ci, name)
+				r.unhold(ci, name, fenceGone)
 			}
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
+		}
+		for _, name := range w.settled {
+			pi := p.settling[name]
+			r.endSettle(pi)
+			r.queueUnmark(pi, ci.uid, fenceGone)
+		}
+		if len(w.settled) > 0 {
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.settled})
 		}
 		ci.listed = false
 	case w.err != nil:
@@ -326,8 +397,6 @@ func (r *round) apply(w *write) {
 			// What the server holds for the claim is unknown until a write
 			// of it succeeds: its record is not checked for tampering.
 			ci.unsettled = true
-		}
-		if w.unknown {
 			for _, name := range w.add {
 				pi := p.pods[name]
 				pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
@@ -336,12 +405,26 @@ func (r *round) apply(w *write) {
 			}
 		}
 	default:
+		after := w.obj
+		if after == nil {
+			after = w.fresh
+		}
 		if w.obj != nil && ci.listed {
 			ci.obj = w.obj
 			ci.addRV(w.obj.GetResourceVersion())
 			if w.obj.GetDeletionTimestamp() != nil {
 				ci.terminating = true
 			}
+		}
+		fence := uint64(0)
+		if after != nil {
+			fence = rvNum(after.GetResourceVersion())
+		}
+		if r.marks() {
+			if fence > ci.recRV {
+				ci.recRV = fence
+			}
+			r.setStrays(ci, nil)
 		}
 		ci.released = w.rec.Released
 		ci.setRelease(w.rec.Release)
@@ -353,6 +436,14 @@ func (r *round) apply(w *write) {
 				ci.consumed[name] = struct{}{}
 			}
 		}
+		for _, name := range w.settled {
+			pi := p.settling[name]
+			r.endSettle(pi)
+			r.queueUnmark(pi, ci.uid, fence)
+		}
+		if len(w.settled) > 0 {
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.settled})
+		}
 		free := append(slices.Clone(w.done), w.drop...)
 		if len(free) > 0 {
 			if err := st.Free(p.name, ci.uid, free); err != nil {
@@ -360,7 +451,7 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range free {
-				r.unhold(ci, name)
+				r.unhold(ci, name, fence)
 			}
 		}
 		if len(w.done) > 0 {

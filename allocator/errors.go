@@ -41,6 +41,10 @@ var (
 	// it, pods it misses stay held, and the next write of its record puts
 	// it right.
 	ErrUntrustedRecord = errors.New("record differs from what the claim holds")
+	// ErrInvalidRelease: a claim's release list (its owner's request to
+	// give pods back) cannot be read. It is taken as empty for that claim
+	// alone; the claim keeps its pods and the pool goes on.
+	ErrInvalidRelease = errors.New("release request unreadable")
 )
 
 // ClaimError is an error about one claim. It matches the sentinel in Err.

@@ -21,7 +21,7 @@ func ExampleNew() {
 		fmt.Println(err)
 		return
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).
+	c := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).
 		WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build()
 
 	// A pool of three Ready pods, runners-0 to runners-2, and two claims

@@ -20,7 +20,7 @@ func newFakeClient(t *testing.T, funcs *interceptor.Funcs) client.Client {
 	t.Helper()
 	scheme, err := testenv.NewScheme()
 	require.NoError(t, err)
-	b := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{})
+	b := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{})
 	if funcs != nil {
 		b = b.WithInterceptorFuncs(*funcs)
 	}

@@ -61,7 +61,8 @@ func (r *round) patchMark(pod, rv, value string) (string, string, error) {
 }
 
 type markJob struct {
-	w     *write // nil for a recovered pod marked after the fact
+	w     *write // nil for a held pod marked after the fact
+	ci    *claimInfo
 	pi    *podInfo
 	value string
 	rv    string
@@ -69,26 +70,70 @@ type markJob struct {
 	err   error
 }
 
-// markPods marks the pods the round is about to hand out, and recovered
-// held pods that carry no mark yet. A pod whose mark cannot be written is
-// not handed out this round.
-func (r *round) markPods(writes []*write) {
-	if r.a.cfg.markKey == "" {
+// markHeld marks held pods that carry no mark yet: pods a record lists
+// without a mark, which the claim holds from now on (WithPodMarkMigration)
+// or holds until they are recycled. A pod whose mark cannot be written is
+// not the claim's: it is dropped, and the record's entry is a stray.
+func (r *round) markHeld() {
+	if !r.marks() || len(r.p.tomark) == 0 {
 		return
 	}
 	var jobs []*markJob
-	for _, w := range writes {
-		for _, name := range w.add {
-			jobs = append(jobs, &markJob{w: w, pi: r.p.pods[name], value: markValue(w.ci.holder())})
-		}
-	}
 	for name, uid := range r.p.tomark {
 		pi := r.p.pods[name]
 		if pi == nil || !pi.present || pi.holder == nil || pi.holder.uid != uid || pi.mark != "" {
 			delete(r.p.tomark, name)
 			continue
 		}
-		jobs = append(jobs, &markJob{pi: pi, value: markValue(pi.holder.holder())})
+		jobs = append(jobs, &markJob{ci: pi.holder, pi: pi, value: markValue(pi.holder.holder())})
+	}
+	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name, y.pi.name) })
+	r.parallel(len(jobs), func(i int) {
+		j := jobs[i]
+		j.rv, j.mark, j.err = r.patchMark(j.pi.name, j.pi.rv, j.value)
+	})
+	for _, j := range jobs {
+		pi := j.pi
+		delete(r.p.tomark, pi.name)
+		if j.err == nil {
+			r.marked(pi, j.rv, j.mark)
+			continue
+		}
+		r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
+		r.drop(j.ci, pi)
+		r.addStray(j.ci, pi.name)
+		if !definite(j.err) {
+			// Maybe marked: if so, it is settled for the claim once a
+			// listing shows the mark.
+			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
+			r.queueUnmark(pi, j.ci.uid, fenceGone)
+			r.p.refreshFree(pi)
+		}
+	}
+}
+
+// marked records that the allocator wrote pi's mark at resourceVersion rv.
+func (r *round) marked(pi *podInfo, rv, mark string) {
+	pi.stalePodRV(pi.rv)
+	pi.rv, pi.mark = rv, mark
+	pi.markOwn, pi.markRV = mark != "", 0
+	if mark != "" {
+		pi.markRV = rvNum(rv)
+	}
+	r.p.refreshFree(pi)
+}
+
+// markPods marks the pods the round is about to hand out. A pod whose mark
+// cannot be written is not handed out this round.
+func (r *round) markPods(writes []*write) {
+	if !r.marks() {
+		return
+	}
+	var jobs []*markJob
+	for _, w := range writes {
+		for _, name := range w.add {
+			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods[name], value: markValue(w.ci.holder())})
+		}
 	}
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
@@ -96,49 +141,52 @@ func (r *round) markPods(writes []*write) {
 	})
 	for _, j := range jobs {
 		pi := j.pi
-		if j.w == nil {
-			delete(r.p.tomark, pi.name)
-		}
 		if j.err == nil {
-			pi.stalePodRV(pi.rv)
-			pi.rv, pi.mark = j.rv, j.mark
-			if j.w != nil {
-				j.w.marked = append(j.w.marked, pi.name)
-			}
+			r.marked(pi, j.rv, j.mark)
+			j.w.marked = append(j.w.marked, pi.name)
 			continue
 		}
 		if !definite(j.err) {
 			// Maybe marked: keep it out of the pool until a listing or
-			// the unmark below says otherwise.
-			pi.mark = j.value
-			r.p.unmark[pi.name] = types.UID(j.value[strings.LastIndexByte(j.value, '/')+1:])
+			// the unmark below says otherwise. No record lists it, and
+			// none can while it is marked for the claim.
+			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
+			r.queueUnmark(pi, j.ci.uid, fenceGone)
 			r.p.refreshFree(pi)
 		}
-		if j.w != nil {
-			j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name })
-			r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
-		}
+		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name })
+		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
 	}
 }
 
-// unmarkPods removes the marks of pods this allocator freed. A mark that
-// names another claim now is not ours to remove.
+// unmarkPods removes the marks queued in the pool's unmark set. A mark that
+// names another claim now is not ours to remove, and one newer than the
+// record version that justified the removal is looked at again.
 func (r *round) unmarkPods() {
-	if r.a.cfg.markKey == "" || len(r.p.unmark) == 0 {
+	if !r.marks() || len(r.p.unmark) == 0 {
 		return
 	}
 	var jobs []*markJob
-	for name, uid := range r.p.unmark {
+	var again []*podInfo
+	for name, e := range r.p.unmark {
 		pi := r.p.pods[name]
-		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != uid || pi.holder != nil || pi.reservedBy != nil {
+		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != e.uid ||
+			pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil {
 			delete(r.p.unmark, name)
 			if pi != nil {
 				r.p.refreshFree(pi)
+				again = append(again, pi)
 			}
 			continue
 		}
-		jobs = append(jobs, &markJob{pi: pi})
+		if e.fence != fenceGone && (pi.markRV == 0 || e.fence <= pi.markRV) {
+			delete(r.p.unmark, name)
+			again = append(again, pi)
+			continue
+		}
+		jobs = append(jobs, &markJob{pi: pi, value: pi.mark})
 	}
+	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name, y.pi.name) })
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
 		j.rv, j.mark, j.err = r.patchMark(j.pi.name, j.pi.rv, "")
@@ -147,16 +195,17 @@ func (r *round) unmarkPods() {
 		pi := j.pi
 		switch {
 		case j.err == nil:
-			pi.stalePodRV(pi.rv)
-			pi.rv, pi.mark = j.rv, j.mark
+			r.marked(pi, j.rv, j.mark)
 			delete(r.p.unmark, pi.name)
-			r.p.refreshFree(pi)
 		case apierrors.IsNotFound(j.err):
 			delete(r.p.unmark, pi.name)
 		default:
 			// Retried next round, on the pod as the next listing shows it.
 			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: unmark: %w", r.p.name, pi.name, j.err))
 		}
+	}
+	for _, pi := range again {
+		r.resolveMark(pi)
 	}
 }
 
@@ -171,98 +220,4 @@ func (pi *podInfo) stalePodRV(rv string) {
 		pi.oldRVs = pi.oldRVs[:maxRVs-1]
 	}
 	pi.oldRVs = append(pi.oldRVs, rv)
-}
-
-// recoverMarks reconciles the records read at recovery with the pods'
-// marks:
-//   - a pod a record lists but whose mark names another claim, or that
-//     carries no mark, is not believed to be the record's (reported as
-//     untrusted); with WithPodMarkMigration an unmarked one is believed
-//     (records from before marks were enabled) and gets marked;
-//   - a pod marked for a claim that is not listed at all (force-deleted or
-//     moved while no allocator ran) is adopted for that claim, which is an
-//     orphan: the pod is recycled before anyone gets it;
-//   - a pod marked for a listed claim whose record does not list it (a
-//     record edited by hand, or a write that failed or was cut short after
-//     the mark) goes back to that claim if it may still take it; otherwise
-//     it is settled like a write of unknown outcome.
-func (r *round) recoverMarks(all []found) []found {
-	p := r.p
-	listed := make(map[types.UID]*found, len(all))
-	for i := range all {
-		listed[all[i].ci.uid] = &all[i]
-	}
-	heldBy := make(map[string]types.UID)
-	for i := range all {
-		f := &all[i]
-		var untrusted []string
-		f.held = slices.DeleteFunc(f.held, func(pod string) bool {
-			pi := p.pods[pod]
-			if pi == nil || !pi.present {
-				return false // lost; it cannot be handed out anyway
-			}
-			if pi.mark == "" {
-				if !r.a.cfg.markMigrate {
-					untrusted = append(untrusted, pod)
-					return true
-				}
-				p.tomark[pod] = f.ci.uid
-				return false
-			}
-			if pi.markUID(p.name) == f.ci.uid {
-				return false
-			}
-			untrusted = append(untrusted, pod)
-			return true
-		})
-		for _, pod := range f.held {
-			heldBy[pod] = f.ci.uid
-		}
-		if len(untrusted) > 0 {
-			f.ci.rewrite = true
-			f.ci.untrusted = r.claimErr(f.ci, fmt.Errorf("%w: %v do not carry its mark", ErrUntrustedRecord, untrusted))
-			r.errs = append(r.errs, f.ci.untrusted)
-		}
-	}
-	orphans := make(map[types.UID]*found)
-	for name, pi := range p.pods {
-		if pi.mark == "" {
-			continue
-		}
-		h, ok := parseMark(p.name, pi.mark)
-		if !ok {
-			// Not a mark of ours: leave the pod out of the pool.
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: mark %q is not a claim", p.name, name, pi.mark))
-			continue
-		}
-		if heldBy[name] == h.UID {
-			continue
-		}
-		if f := listed[h.UID]; f != nil {
-			// Only the allocator writes marks, so the pod was handed to the
-			// claim, or about to be when a write failed or the process
-			// stopped. If the claim may still take it (live, room left, the
-			// pod ready), the hand-out is completed and the record written
-			// again; otherwise it is settled like a write of unknown outcome.
-			if !f.ci.terminating && pi.present && pi.ready && len(f.held) < f.ci.want {
-				f.held = append(f.held, name)
-				f.ci.rewrite = true
-			} else {
-				pi.reservedBy, pi.reservedUntil = f.ci, r.now
-				p.reserved[name] = pi
-			}
-			continue
-		}
-		f := orphans[h.UID]
-		if f == nil {
-			ci := &claimInfo{uid: h.UID, name: h.Claim, held: make(map[string]*podInfo)}
-			f = &found{ci: ci}
-			orphans[h.UID] = f
-		}
-		f.held = append(f.held, name)
-	}
-	for _, f := range orphans {
-		all = append(all, *f)
-	}
-	return all
 }

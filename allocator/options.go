@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
@@ -24,26 +25,56 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// RecycleRequest is one pod to recycle.
+type RecycleRequest struct {
+	// Pool is the pod's pool; the pod is in its namespace.
+	Pool types.NamespacedName
+	// Pod is the pod's name.
+	Pod string
+	// UID and ResourceVersion are the pod's as the allocator last saw it,
+	// with its mark naming Claim. A recycler that writes to the pod should
+	// use them as preconditions, so that it never touches a pod recreated
+	// under the name or handed to another claim meanwhile.
+	UID             types.UID
+	ResourceVersion string
+	// Claim is the claim the pod is given back by.
+	Claim store.Holder
+}
+
 // Recycler makes a pod given back by a claim fit to hand out again: it may
 // do nothing, delete the pod, or restart it. It is called once per round for
 // each pod being recycled until it reports done; a pod that no longer exists
-// counts as recycled without a call. It must be safe for concurrent use.
-type Recycler func(ctx context.Context, pool types.NamespacedName, pod string) (done bool, err error)
+// counts as recycled without a call. With pod marks it is called only while
+// the pod's mark names req.Claim. It must be safe for concurrent use.
+type Recycler func(ctx context.Context, req RecycleRequest) (done bool, err error)
 
 // RecycleNoop reports every pod recycled at once: pods go straight back to
 // the pool.
-func RecycleNoop(context.Context, types.NamespacedName, string) (bool, error) { return true, nil }
+func RecycleNoop(context.Context, RecycleRequest) (bool, error) { return true, nil }
 
-// RecycleDelete returns a Recycler that deletes the pod; the pod counts as
-// recycled once it is gone (the pool then creates a fresh one).
+// RecycleDelete returns a Recycler that deletes the pod, with the request's
+// UID (and, when set, resourceVersion) as preconditions; the pod counts as
+// recycled once it is gone (the pool then creates a fresh one). A pod that
+// changed since is left alone and offered again next round.
 func RecycleDelete(c client.Client) Recycler {
-	return func(ctx context.Context, pool types.NamespacedName, pod string) (bool, error) {
+	return func(ctx context.Context, req RecycleRequest) (bool, error) {
 		p := &corev1.Pod{}
-		p.Namespace, p.Name = pool.Namespace, pod
-		if err := c.Delete(ctx, p); err != nil && !apierrors.IsNotFound(err) {
-			return false, err
+		p.Namespace, p.Name = req.Pool.Namespace, req.Pod
+		pre := &metav1.Preconditions{}
+		if req.UID != "" {
+			pre.UID = &req.UID
 		}
-		return false, nil // done when the pod has left the listing
+		if req.ResourceVersion != "" {
+			pre.ResourceVersion = &req.ResourceVersion
+		}
+		err := c.Delete(ctx, p, client.Preconditions(*pre))
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			return false, nil // done when the pod has left the listing
+		case apierrors.IsConflict(err):
+			return false, nil // changed since: looked at again next round
+		}
+		return false, err
 	}
 }
 
@@ -72,6 +103,9 @@ type config struct {
 	syncer      syncer.AllocationSyncer
 	keys        *syncer.Keys
 	apiReader   client.Reader
+	// podReader reads pods live (pod marks): the API reader, else the
+	// client.
+	podReader   client.Reader
 	algorithm   algorithm.Algorithm
 	ready       func(*corev1.Pod) bool
 	recycle     Recycler
@@ -245,6 +279,10 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 	}
 	if cfg.store == nil {
 		cfg.store = store.NewInMemory()
+	}
+	cfg.podReader = cfg.apiReader
+	if cfg.podReader == nil && c != nil {
+		cfg.podReader = c
 	}
 	return cfg, nil
 }

@@ -371,7 +371,8 @@ func (m *machine) addEvent(e event) {
 	m.mu.Unlock()
 }
 
-func (m *machine) recycle(_ context.Context, pool types.NamespacedName, pod string) (bool, error) {
+func (m *machine) recycle(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+	pool, pod := req.Pool, req.Pod
 	key := model.Key{Namespace: pool.Namespace, Name: pod}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -1150,13 +1151,35 @@ func (m *machine) restart(t *rapid.T) {
 			// even a pod mark: it is free, and harmless, after a restart.
 			goneOrphan := func(h store.Holder, pod string) bool {
 				c, p := m.m.Claims[h.UID], m.m.Pods[model.Key{Namespace: pool.Namespace, Name: pod}]
-				return (c == nil || c.Gone) && (p == nil || !p.Exists)
+				if (c == nil || c.Gone || m.marks) && (p == nil || !p.Exists) {
+					// With pod marks, a record entry for a pod that no
+					// longer exists is not believed after a restart: no
+					// mark says whose it was, and a pod created later under
+					// the name is a new one.
+					return true
+				}
+				// A pod marked for a claim whose record does not hold it
+				// (a hand-out cut short) is settled by whichever allocator
+				// meets it: held as an orphan's, or waiting for the hand-out
+				// to land. Either way it is not handed out as it is.
+				return m.marks && (c == nil || c.Gone || !c.Held[pod]) && m.markOf(pool.Namespace, pod) == string(h.UID)
 			}
 			errs = append(errs, model.CheckRecovered(pool, before[pool], m.snapshot(pool), res, goneOrphan))
 		}
 		t.Logf("restart: round %s: allocated %v released %v err %v", pool, res.Allocated, res.Released, err)
 	}
 	m.must(errors.Join(errs...), "restart")
+}
+
+// markOf returns the claim UID the pod's mark names on the server, "" if
+// none.
+func (m *machine) markOf(ns, pod string) string {
+	var p corev1.Pod
+	if err := m.b.raw.Get(m.ctx, types.NamespacedName{Namespace: ns, Name: pod}, &p); err != nil {
+		return ""
+	}
+	v := p.Annotations[allocator.DefaultPodMarkKey]
+	return v[strings.LastIndexByte(v, '/')+1:]
 }
 
 func (m *machine) concurrentRounds(t *rapid.T) {

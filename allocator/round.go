@@ -39,6 +39,15 @@ type round struct {
 	// listIdle asks report for the names of idle pods (Round), not only
 	// their number (Update).
 	listIdle bool
+	// check holds pods whose mark changed in this round's input (pod
+	// marks): resolveMark looks at them once the claims are in.
+	check []*podInfo
+	// verify holds pods to read live before the records naming them are
+	// decided on, with those claims.
+	verify map[*podInfo][]*claimInfo
+	// confirm holds claims to read live before their records' entries for
+	// unmarked pods are acted on.
+	confirm map[*claimInfo][]string
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -122,6 +131,7 @@ func (r *round) run() (Result, error) {
 	if n := len(r.p.dirty); n > r.p.dirtyPeak {
 		r.p.dirtyPeak = n
 	}
+	r.resolvePods()
 	r.settleReservations()
 	act, err := r.plan()
 	if err != nil {
@@ -130,8 +140,9 @@ func (r *round) run() (Result, error) {
 	}
 	r.queueReleases(act.Release)
 	r.queueOrphans()
-	done := r.recycle()
-	r.commit(act.Allocate, done)
+	r.markHeld()
+	done, settled := r.recycle()
+	r.commit(act.Allocate, done, settled)
 	r.res.Shortfall = act.Shortfall + r.shortfall
 	r.settle()
 	r.report()
@@ -148,6 +159,7 @@ func (r *round) settle() {
 				delete(p.dirty, ci)
 				if p.claims[ci.uid] == ci {
 					delete(p.claims, ci.uid)
+					p.forget(ci)
 				}
 			}
 			continue
@@ -243,8 +255,10 @@ func (r *round) observePod(pod *corev1.Pod) {
 	p := r.p
 	pi := p.pods[pod.Name]
 	if pi == nil {
-		pi = &podInfo{name: pod.Name, freeIdx: -1}
+		pi = &podInfo{name: pod.Name, uid: pod.UID, freeIdx: -1}
 		p.pods[pod.Name] = pi
+	} else if pi.uid != pod.UID && pod.UID != "" {
+		pi = r.newIncarnation(pi, pod.UID)
 	}
 	pi.seen = p.gen
 	if pi.present && pod.ResourceVersion != "" && (pi.rv == pod.ResourceVersion || slices.Contains(pi.oldRVs, pod.ResourceVersion)) {
@@ -253,7 +267,15 @@ func (r *round) observePod(pod *corev1.Pod) {
 	pi.present = true
 	pi.rv = pod.ResourceVersion
 	if key := r.a.cfg.markKey; key != "" {
-		pi.mark = pod.Annotations[key]
+		if mark := pod.Annotations[key]; mark != pi.mark {
+			pi.mark, pi.markOwn, pi.markRV = mark, false, 0
+			if mark != "" {
+				pi.markRV = rvNum(pod.ResourceVersion)
+			}
+			r.check = append(r.check, pi)
+		} else if mark != "" && pi.markRV == 0 {
+			pi.markRV = rvNum(pod.ResourceVersion)
+		}
 	}
 	pi.ready = r.a.cfg.ready(pod)
 	pi.node = pod.Spec.NodeName
@@ -263,16 +285,42 @@ func (r *round) observePod(pod *corev1.Pod) {
 	p.refreshFree(pi)
 }
 
+// newIncarnation handles a pod listed under a known name with another UID:
+// a new pod (DESIGN I12). The old one is gone. If nothing refers to the old
+// one any more the new one takes its entry; otherwise it waits in next
+// until the old one is released.
+func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
+	p := r.p
+	if old.present {
+		old.present, old.ready = false, false
+		p.refreshFree(old)
+	}
+	old.seen = p.gen
+	if old.holder == nil && old.reservedBy == nil && old.settleFor == nil {
+		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
+		if old.freeIdx >= 0 {
+			p.refreshFree(old)
+		}
+		p.pods[old.name] = pi
+		return pi
+	}
+	if old.next == nil || old.next.uid != uid {
+		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1}
+	}
+	return old.next
+}
+
 // podGone records that a pod left the pool.
 func (r *round) podGone(name string, pi *podInfo) {
 	p := r.p
+	if pi.next != nil && pi.next.seen != p.gen {
+		pi.next = nil
+	}
 	if pi.present {
 		pi.present, pi.ready, pi.rv = false, false, ""
 		p.refreshFree(pi)
 	}
-	if pi.holder == nil && pi.reservedBy == nil {
-		delete(p.pods, name)
-	}
+	r.maybeForget(pi)
 }
 
 // blocked returns the error that makes the pool fail closed because of
@@ -285,34 +333,80 @@ func (r *round) blocked(uid types.UID, name types.NamespacedName, err error) err
 type found struct {
 	ci   *claimInfo
 	held []string
+	rec  syncer.Record
+}
+
+// readRecord decodes a claim's record. A malformed release list is the
+// owner's request, not something the allocator wrote: it is reported on
+// that claim alone and taken as empty (ok stays true). Anything else
+// unreadable makes the pool fail closed.
+func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error) {
+	rec, err := r.a.cfg.syncer.Read(o)
+	if err == nil {
+		return rec, nil
+	}
+	if errors.Is(err, syncer.ErrMalformedRelease) {
+		r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: %w", ErrInvalidRelease, err)))
+		rec.Release = nil
+		return rec, nil
+	}
+	return rec, r.blocked(ci.uid, ci.name, err)
 }
 
 // recover rebuilds the pool's allocations from the claims' records. It
-// changes nothing unless every record can be read and no pod is listed by
-// two claims.
+// changes nothing unless every record can be read. Without pod marks a pod
+// listed by two claims blocks the pool; with them, the marks decide.
 func (r *round) recover(claims []Claim) error {
 	p, a := r.p, r.a
 	all := make([]found, 0, len(claims))
 	owner := make(map[string]*claimInfo)
 	for _, c := range claims {
 		ci := newClaimInfo(c)
-		rec, err := a.cfg.syncer.Read(c.Object)
+		rec, err := r.readRecord(ci, c.Object)
 		if err != nil {
-			return r.blocked(ci.uid, ci.name, err)
+			return err
 		}
 		held := rec.Held()
-		for _, pod := range held {
-			if other, dup := owner[pod]; dup {
-				return r.blocked(ci.uid, ci.name, fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
-					syncer.ErrMalformedRecord, pod, other.name, other.uid))
+		if !r.marks() {
+			for _, pod := range held {
+				if other, dup := owner[pod]; dup {
+					return r.blocked(ci.uid, ci.name, fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
+						syncer.ErrMalformedRecord, pod, other.name, other.uid))
+				}
+				owner[pod] = ci
 			}
-			owner[pod] = ci
 		}
 		ci.release, ci.released = rec.Release, rec.Released
-		all = append(all, found{ci, held})
+		all = append(all, found{ci: ci, held: held, rec: rec})
 	}
-	if a.cfg.markKey != "" {
-		all = r.recoverMarks(all)
+	if err := a.cfg.store.DeletePool(p.name); err != nil {
+		return fmt.Errorf("pool %s: recover: %w", p.name, err)
+	}
+	for _, pi := range p.pods {
+		pi.holder, pi.recycling, pi.recycled = nil, false, false
+		pi.reservedBy, pi.settleFor, pi.strays = nil, nil, 0
+	}
+	clear(p.recycling)
+	clear(p.lost)
+	clear(p.dirty)
+	clear(p.reserved)
+	clear(p.settling)
+	p.claims = make(map[types.UID]*claimInfo, len(all))
+	for _, f := range all {
+		p.claims[f.ci.uid] = f.ci
+		p.dirty[f.ci] = struct{}{}
+		f.ci.seen, f.ci.listed = p.gen, true
+	}
+	if r.marks() {
+		for _, f := range all {
+			r.takeIn(f.ci, f.rec, rvNum(f.ci.obj.GetResourceVersion()))
+		}
+		for _, pi := range p.pods {
+			r.resolveMark(pi)
+		}
+		r.check = r.check[:0]
+		p.recovered = true
+		return nil
 	}
 	// Pods a moved claim holds in a pool that already recovered stay there.
 	for i := range all {
@@ -326,19 +420,7 @@ func (r *round) recover(claims []Claim) error {
 			return err == nil && held && h.UID == f.ci.uid
 		})
 	}
-	if err := a.cfg.store.DeletePool(p.name); err != nil {
-		return fmt.Errorf("pool %s: recover: %w", p.name, err)
-	}
-	for _, pi := range p.pods {
-		pi.holder, pi.recycling, pi.recycled = nil, false, false
-	}
-	clear(p.recycling)
-	clear(p.lost)
-	clear(p.dirty)
-	p.claims = make(map[types.UID]*claimInfo, len(all))
 	for _, f := range all {
-		p.claims[f.ci.uid] = f.ci
-		p.dirty[f.ci] = struct{}{}
 		if len(f.held) == 0 {
 			continue
 		}
@@ -390,60 +472,76 @@ func (r *round) hold(ci *claimInfo, pod string) {
 }
 
 // unhold mirrors in memory that ci no longer holds pod; the store already
-// says so.
-func (r *round) unhold(ci *claimInfo, pod string) {
+// says so. With pod marks, a fence other than 0 queues the removal of the
+// pod's mark (see unmarkEntry).
+func (r *round) unhold(ci *claimInfo, pod string, fence uint64) {
 	pi := ci.held[pod]
 	if pi == nil {
 		return
 	}
 	delete(ci.held, pod)
 	pi.holder = nil
-	if pi.mark != "" {
-		r.p.unmark[pod] = ci.uid
+	if fence != 0 {
+		r.queueUnmark(pi, ci.uid, fence)
 	}
 	if pi.recycling {
 		pi.recycling, pi.recycled = false, false
 		ci.recycling--
 		delete(r.p.recycling, pod)
 	}
-	r.p.refreshFree(pi)
-	if !pi.present && pi.reservedBy == nil {
-		delete(r.p.pods, pod)
-	}
+	r.maybeForget(pi)
 }
 
 // observeClaim records a claim of the listing. Only a claim whose
 // resourceVersion is new to the allocator is decoded: an older version than
 // one the allocator wrote carries a resourceVersion it already saw.
 func (r *round) observeClaim(c Claim) error {
-	p, a := r.p, r.a
+	p := r.p
 	o := c.Object
 	uid, rv := o.GetUID(), o.GetResourceVersion()
 	ci := p.claims[uid]
+	if p.proto == nil {
+		p.proto = o
+		r.a.setProto(o)
+	}
 	switch {
+	case ci == nil && rvNum(rv) < p.forgotten[uid]:
+		// A stale copy of a claim that left the pool: nothing to learn.
+		return nil
 	case ci == nil:
 		ci = newClaimInfo(c)
-		rec, err := a.cfg.syncer.Read(o)
+		rec, err := r.readRecord(ci, o)
 		if err != nil {
-			return r.blocked(ci.uid, ci.name, err)
+			return err
 		}
 		ci.release, ci.released = rec.Release, rec.Released
-		r.checkRecord(ci, rec)
 		p.claims[uid] = ci
 		p.dirty[ci] = struct{}{}
-	case rv == "" || !ci.sawRV(rv):
-		rec, err := a.cfg.syncer.Read(o)
+		ci.listed = true
+		if r.marks() {
+			r.takeIn(ci, rec, rvNum(rv))
+		} else {
+			r.checkRecord(ci, rec)
+		}
+	case rv == "" || !ci.sawRV(rv) || ci.obj == nil:
+		rec, err := r.readRecord(ci, o)
 		if err != nil {
-			return r.blocked(ci.uid, ci.name, err)
+			return err
 		}
 		ci.obj = o
 		ci.addRV(rv)
 		ci.setRelease(rec.Release)
 		ci.want, ci.priority = c.Want, c.Priority
+		ci.created = o.GetCreationTimestamp().Time
 		if o.GetDeletionTimestamp() != nil {
 			ci.terminating = true
 		}
-		r.checkRecord(ci, rec)
+		ci.listed = true
+		if r.marks() {
+			r.takeIn(ci, rec, rvNum(rv))
+		} else {
+			r.checkRecord(ci, rec)
+		}
 		p.dirty[ci] = struct{}{}
 	case !ci.listed:
 		p.dirty[ci] = struct{}{}
@@ -528,10 +626,13 @@ func (r *round) hasReservations(ci *claimInfo) bool {
 	return false
 }
 
-// settleReservations decides, pod by pod, whether writes of unknown outcome
-// landed: once the claim's newest known record lists the pod, or once the
-// quarantine is over and a live read says so. Claims still listed settle
-// sooner: their next write carries the reserved pods (see commit).
+// settleReservations decides, pod by pod, whether writes of unknown
+// outcome (or, with pod marks, hand-outs of other allocators) landed: once
+// the claim's newest known record lists the pod, or once the quarantine is
+// over and a live read says so. A pod whose write did not land is settled
+// for its claim (pod marks: recycled, recorded released, unmarked) or
+// freed (without them). Claims still listed settle sooner: their next
+// write carries the reserved pods (see commit).
 func (r *round) settleReservations() {
 	if len(r.p.reserved) == 0 {
 		return
@@ -547,18 +648,27 @@ func (r *round) settleReservations() {
 		var due []*podInfo
 		for _, pi := range pods {
 			switch {
-			case slices.Contains(held, pi.name):
+			case slices.Contains(held, pi.name) && (!r.marks() || pi.markUID(r.p.name) == ci.uid):
 				landed = append(landed, pi)
 			case !r.now.Before(pi.reservedUntil):
 				due = append(due, pi)
 			}
 		}
 		if len(due) > 0 {
-			live, err := r.live(ci, ci.obj)
+			base := ci.obj
+			if base == nil {
+				base = r.p.protoFor(ci)
+			}
+			var live client.Object
+			err := errNoProto
+			if base != nil {
+				live, err = r.live(ci, base)
+			}
 			switch {
-			case ci.obj == nil || apierrors.IsNotFound(err):
+			case apierrors.IsNotFound(err):
 				// The claim is gone; if a write landed its owner may have
 				// used the pods, so they are recycled, not freed.
+				ci.gone = true
 				landed = append(landed, due...)
 			case err != nil:
 				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, err)))
@@ -579,7 +689,9 @@ func (r *round) settleReservations() {
 }
 
 // unreserve ends the reservation of pods for ci: they are held by it if
-// their write landed, free otherwise.
+// their write landed. Otherwise, with pod marks, they are settled for it
+// (the write that records them released fences a write still in flight);
+// without marks they are free.
 func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	if len(pods) == 0 {
 		return
@@ -606,14 +718,11 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 		return
 	}
 	for _, pi := range pods {
-		if pi.mark != "" {
-			r.p.unmark[pi.name] = ci.uid
-		}
-		if !pi.present && pi.holder == nil {
-			delete(r.p.pods, pi.name)
+		if r.marks() && pi.mark != "" && pi.markUID(r.p.name) == ci.uid {
+			r.startSettle(ci, pi)
 			continue
 		}
-		r.p.refreshFree(pi)
+		r.maybeForget(pi)
 	}
 }
 
@@ -696,6 +805,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		req.Release = release
 		reqs = append(reqs, req)
 	}
+	requested := make(map[types.UID]*claimInfo, len(reqs))
+	for _, req := range reqs {
+		requested[req.UID] = p.claims[req.UID]
+	}
 	slices.SortFunc(reqs, func(x, y algorithm.Request) int {
 		if x.UID < y.UID {
 			return -1
@@ -705,32 +818,35 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		return 0
 	})
-	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.free, Requests: reqs})
+	// The algorithm gets a copy of the free list: a strategy that sorts or
+	// edits its input in place must not reorder the pool's own list, and
+	// its action is checked against the pool's state, not against positions
+	// in that list.
+	p.offer = append(p.offer[:0], p.free...)
+	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.offer, Requests: reqs})
 	if err != nil {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
-	if err := r.checkAction(reqs, act); err != nil {
+	if err := r.checkAction(requested, act); err != nil {
 		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	return act, nil
 }
 
 // checkAction refuses an action that breaks the Algorithm contract, so that
-// a faulty strategy can never hand out a held pod or release a pod its
-// claim does not hold.
-func (r *round) checkAction(reqs []algorithm.Request, act algorithm.Action) error {
-	byUID := make(map[types.UID]*algorithm.Request, len(reqs))
-	for i := range reqs {
-		byUID[reqs[i].UID] = &reqs[i]
-	}
+// a faulty strategy can never hand out a pod that is not free or release a
+// pod its claim does not hold. Every pod is checked against the pool's
+// state, not against what the strategy was given (which it may have
+// modified).
+func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Action) error {
 	taken := make(map[string]struct{})
 	for _, g := range act.Allocate {
-		if byUID[g.UID] == nil {
+		if requested[g.UID] == nil {
 			return fmt.Errorf("allocation to claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
 			pi := r.p.pods[pod]
-			if pi == nil || pi.freeIdx < 0 {
+			if pi == nil || !r.p.candidate(pi) {
 				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
 			}
 			if _, dup := taken[pod]; dup {
@@ -740,13 +856,13 @@ func (r *round) checkAction(reqs []algorithm.Request, act algorithm.Action) erro
 		}
 	}
 	for _, g := range act.Release {
-		req := byUID[g.UID]
-		if req == nil {
+		ci := requested[g.UID]
+		if ci == nil {
 			return fmt.Errorf("release from claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
-			if !slices.Contains(req.Held, pod) {
-				return fmt.Errorf("claim %s: released pod %s is not held", g.Claim, pod)
+			if pi := ci.held[pod]; pi == nil || pi.recycling {
+				return fmt.Errorf("claim %s: released pod %s is not held", ci.name, pod)
 			}
 			if _, dup := taken[pod]; dup {
 				return fmt.Errorf("pod %s released twice", pod)
@@ -777,11 +893,20 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 }
 
 // queueOrphans gives back every pod held by a claim that is not in the
-// listing any more: deleted, force-deleted or moved to another pool.
+// listing any more: deleted, force-deleted or moved to another pool. A
+// claim known only from pod marks may just be missing from a lagging
+// listing: its pods are given back once it is found deleted, or once it
+// has been missing for a Quarantine.
 func (r *round) queueOrphans() {
 	for ci := range r.p.dirty {
-		if ci.listed {
+		if ci.listed || len(ci.held) == 0 {
 			continue
+		}
+		if !ci.since.IsZero() && !ci.gone && r.now.Before(ci.since.Add(Quarantine)) {
+			r.probe(ci)
+			if !ci.gone {
+				continue
+			}
 		}
 		for _, pi := range ci.held {
 			r.startRecycling(ci, pi)
@@ -789,31 +914,68 @@ func (r *round) queueOrphans() {
 	}
 }
 
-// recycle offers every recycling pod to the recycler, concurrently, and
-// returns those done, per claim. A pod that left the listing is done.
-func (r *round) recycle() map[*claimInfo][]string {
+// probe reads a claim known only from pod marks live, to learn whether it
+// still exists.
+func (r *round) probe(ci *claimInfo) {
+	base := ci.obj
+	if base == nil {
+		base = r.p.protoFor(ci)
+	}
+	if base == nil {
+		return
+	}
+	if _, err := r.live(ci, base); apierrors.IsNotFound(err) {
+		ci.gone = true
+	}
+}
+
+// recycle offers every pod being given back or settled to the recycler,
+// concurrently, and returns those done, per claim. A pod that left the
+// listing is done. With pod marks, a pod is offered only while its mark
+// names the claim it is recycled for.
+func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	type job struct {
-		ci *claimInfo
-		pi *podInfo
+		ci     *claimInfo
+		pi     *podInfo
+		settle bool
 	}
 	var jobs []job
-	done := make(map[*claimInfo][]string)
-	for _, pi := range r.p.recycling {
-		ci := pi.holder
-		if !pi.present || pi.recycled {
-			done[ci] = append(done[ci], pi.name)
-			continue
+	done = make(map[*claimInfo][]string)
+	settled = make(map[*claimInfo][]string)
+	add := func(ci *claimInfo, pi *podInfo, settle bool) {
+		out := done
+		if settle {
+			out = settled
 		}
-		jobs = append(jobs, job{ci, pi})
+		switch {
+		case !pi.present || pi.recycled:
+			out[ci] = append(out[ci], pi.name)
+		case r.marks() && pi.markUID(r.p.name) != ci.uid:
+			// Not marked for ci (yet): not ours to recycle.
+		default:
+			jobs = append(jobs, job{ci, pi, settle})
+		}
+	}
+	for _, pi := range r.p.recycling {
+		add(pi.holder, pi, false)
+	}
+	for _, pi := range r.p.settling {
+		add(pi.settleFor, pi, true)
 	}
 	for _, pods := range done {
+		slices.Sort(pods)
+	}
+	for _, pods := range settled {
 		slices.Sort(pods)
 	}
 	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name, y.pi.name) })
 	results := make([]error, len(jobs))
 	finished := make([]bool, len(jobs))
 	r.parallel(len(jobs), func(i int) {
-		finished[i], results[i] = r.a.cfg.recycle(r.ctx, r.p.name, jobs[i].pi.name)
+		j := jobs[i]
+		finished[i], results[i] = r.a.cfg.recycle(r.ctx, RecycleRequest{
+			Pool: r.p.name, Pod: j.pi.name, UID: j.pi.uid, ResourceVersion: j.pi.rv, Claim: j.ci.holder(),
+		})
 	})
 	for i, j := range jobs {
 		if results[i] != nil {
@@ -821,10 +983,15 @@ func (r *round) recycle() map[*claimInfo][]string {
 			continue
 		}
 		if finished[i] {
-			done[j.ci] = append(done[j.ci], j.pi.name)
+			j.pi.recycled = true
+			if j.settle {
+				settled[j.ci] = append(settled[j.ci], j.pi.name)
+			} else {
+				done[j.ci] = append(done[j.ci], j.pi.name)
+			}
 		}
 	}
-	return done
+	return done, settled
 }
 
 // parallel runs f(0..n-1) with at most the configured number at once.

@@ -83,6 +83,8 @@ func (s *AnnotationSyncer) Keys() Keys { return s.keys }
 // problem is a *RecordError naming the claim and the annotation; when the
 // annotations are over the API server's size limit (possible only on an
 // object that did not come from the server) it matches ErrRecordTooLarge.
+// An unreadable release list alone matches ErrMalformedRelease, and the
+// record returned with it has Allocated and Released.
 func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 	if isNil(claim) {
 		return Record{}, errors.New("syncer: read: claim is nil")
@@ -102,7 +104,6 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 		out *[]string
 	}{
 		{s.keys.Allocated, &rec.Allocated},
-		{s.keys.Release, &rec.Release},
 		{s.keys.Released, &rec.Released},
 	} {
 		pods, err := DecodePods(ann[f.key])
@@ -111,6 +112,16 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 		}
 		*f.out = pods
 	}
+	release, err := DecodePods(ann[s.keys.Release])
+	if err != nil {
+		err = withClaim(err, claim, s.keys.Release)
+		var re *RecordError
+		if errors.As(err, &re) && errors.Is(re.Err, ErrMalformedRecord) {
+			re.Err = ErrMalformedRelease
+		}
+		return rec, err
+	}
+	rec.Release = release
 	return rec, nil
 }
 

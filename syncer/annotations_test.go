@@ -320,7 +320,7 @@ func TestRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, syncer.Record{}, rec)
 
-	for _, key := range []string{keys.Allocated, keys.Release, keys.Released} {
+	for _, key := range []string{keys.Allocated, keys.Released} {
 		obj := mk(map[string]string{key: `{"pods":["a","b","a"]}`})
 		before := obj.DeepCopyObject()
 		_, err := s.Read(obj)
@@ -328,12 +328,23 @@ func TestRead(t *testing.T) {
 		require.ErrorAs(t, err, &re)
 		require.Equal(t, &syncer.RecordError{Claim: testNamespace + "/c", Key: key, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRecord}, re)
 		require.Equal(t, `claim claims/c: record `+key+`: pod "a" listed twice: malformed record`, err.Error())
+		require.NotErrorIs(t, err, syncer.ErrMalformedRelease)
 		require.Equal(t, before, obj)
 	}
 
+	// The owner's release list alone: the rest of the record comes back
+	// with the error, which matches both sentinels.
+	obj := mk(map[string]string{keys.Release: `{"pods":["a","b","a"]}`, keys.Allocated: marshal([]string{"x"})})
+	rec, err = s.Read(obj)
+	var re *syncer.RecordError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, &syncer.RecordError{Claim: testNamespace + "/c", Key: keys.Release, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRelease}, re)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+	require.ErrorIs(t, err, syncer.ErrMalformedRelease)
+	require.Equal(t, syncer.Record{Allocated: []string{"x"}}, rec)
+
 	// Only an object built in memory can be this large.
 	_, err = s.Read(mk(map[string]string{keys.Released: marshal([]string{"a"}), "big": strings.Repeat("x", syncer.MaxAnnotationsSize)}))
-	var re *syncer.RecordError
 	require.ErrorAs(t, err, &re)
 	require.ErrorIs(t, err, syncer.ErrRecordTooLarge)
 	require.Equal(t, keys.Released, re.Key)

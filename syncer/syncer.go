@@ -53,7 +53,9 @@ type AllocationSyncer interface {
 	// Read decodes claim's record from the object as given. It makes no API
 	// call. A record that cannot be trusted (malformed, a pod listed twice,
 	// an invalid pod name, too large) is a *RecordError naming the claim,
-	// the annotation and the reason.
+	// the annotation and the reason. When only the owner's release list is
+	// unreadable, the error matches ErrMalformedRelease and the Record
+	// returned holds Allocated and Released (Release empty).
 	Read(claim client.Object) (Record, error)
 
 	// Write stores rec.Allocated and rec.Released on the claim and adds
@@ -84,6 +86,11 @@ var (
 	// ErrMalformedRecord: an annotation holds something that is not a valid
 	// record. Returned as a *RecordError.
 	ErrMalformedRecord = errors.New("malformed record")
+	// ErrMalformedRelease: the owner's release list cannot be read. It
+	// also matches ErrMalformedRecord. Read returns it only when the rest
+	// of the record is readable, together with that rest, so that a caller
+	// can refuse the owner's request alone and keep the record.
+	ErrMalformedRelease = fmt.Errorf("release list: %w", ErrMalformedRecord)
 	// ErrRecordTooLarge: a record would exceed the API server's limit on
 	// the total size of an object's annotations.
 	ErrRecordTooLarge = errors.New("record too large")

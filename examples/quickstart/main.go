@@ -165,7 +165,8 @@ func run(ctx context.Context) (err error) {
 func newScrubber() allocator.Recycler {
 	var mu sync.Mutex
 	started := map[string]bool{} // guarded by mu
-	return func(_ context.Context, pool types.NamespacedName, pod string) (bool, error) {
+	return func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+		pool, pod := req.Pool, req.Pod
 		mu.Lock()
 		defer mu.Unlock()
 		done := started[pool.String()+"/"+pod]

@@ -52,7 +52,7 @@ func FuzzRound(f *testing.F) {
 		c2.UID = "uid-2"
 		c2.Annotations = map[string]string{keys.Allocated: alloc2, keys.Released: released2}
 		objs = append(objs, c1, c2)
-		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+		c := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithObjects(objs...).Build()
 		var opts []allocator.Option
 		if !marks {
 			opts = append(opts, allocator.WithoutPodMarks())

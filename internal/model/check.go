@@ -269,13 +269,16 @@ func CheckShortfall(in allocator.Input, res allocator.Result, snap map[string]st
 
 // CheckRecovered checks I5 for one pool: after a restart and the new
 // allocator's first round, the store equals the store before the restart
-// with that round's releases and allocations applied. Pods of the old
-// store for which skip (if not nil) is true are not compared.
+// with that round's releases and allocations applied. Pods of either store
+// for which skip (if not nil) is true are not compared.
 func CheckRecovered(pool types.NamespacedName, before, after map[string]store.Holder, res allocator.Result, skip func(h store.Holder, pod string) bool) error {
 	want := maps.Clone(before)
-	for pod, h := range want {
-		if skip != nil && skip(h, pod) {
-			delete(want, pod)
+	after = maps.Clone(after)
+	for _, m := range []map[string]store.Holder{want, after} {
+		for pod, h := range m {
+			if skip != nil && skip(h, pod) {
+				delete(m, pod)
+			}
 		}
 	}
 	for _, g := range res.Released {

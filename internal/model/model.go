@@ -177,7 +177,7 @@ func (m *Model) Recycle(key Key, done bool) {
 //     be held by no other existing claim and not be dirty (I1, I2, I6, I9),
 //     and the claim must not be terminating (I8);
 //   - a pod no longer held must be listed as released and have been
-//     recycled since it was handed out (I6);
+//     recycled since it was handed out (I6), unless it no longer exists;
 //   - a record that holds pods carries the finalizer, and the finalizer is
 //     never added to a terminating claim (I8).
 //
@@ -229,7 +229,13 @@ func (m *Model) Write(rec Record, gone bool) error {
 		}
 		key := Key{Namespace: c.Name.Namespace, Name: p}
 		if !released[p] {
-			bad("I6: pod %s left the record without being released", p)
+			// A pod that no longer exists may leave a record unreleased
+			// (with pod marks, a record entry no live pod backs is not
+			// believed): it can never be handed out again.
+			if pod := m.Pods[key]; pod == nil || pod.Exists {
+				bad("I6: pod %s left the record without being released", p)
+			}
+			delete(m.Dirty, key)
 			continue
 		}
 		d := m.Dirty[key]

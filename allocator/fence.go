@@ -1,0 +1,551 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// Fencing with pod marks.
+//
+// Safety with any number of allocators rests on compare-and-swap writes
+// (guarded by resourceVersions) and on the order of resourceVersions, which
+// the API server takes from one etcd revision counter shared by pods and
+// claims. Every allocator follows these rules:
+//
+//   - Hand-out: a pod is marked for the claim (guarded by the pod's
+//     resourceVersion, from unmarked) before the claim's record lists it.
+//     A record write adds a pod only when the pod's mark names the claim
+//     and is newer than the claim version the write replaces: a mark made
+//     in this round, or this allocator's own earlier mark when the claim
+//     has not been written since.
+//   - Keep: a record write lists as held only pods that the version it
+//     replaces lists and whose mark names the claim. It never re-adds a pod
+//     from memory.
+//   - Newer record wins: a newer version of a claim's record is taken in,
+//     filtered by the marks. A pod it lists that is marked for another
+//     claim, or absent, is not held by it (its next write drops it); a pod
+//     it lists with no mark is of uncertain ownership: it is marked for the
+//     claim and recycled before anyone else gets it (I13), or kept with
+//     WithPodMarkMigration. Where the pod as known is older than the
+//     record, the pod is read live before deciding.
+//   - Mark without record: a pod marked for a claim whose record does not
+//     list it is recycled for that claim and recorded as released before
+//     its mark goes. If the mark is newer than the record, a hand-out may
+//     still be in flight: the pod waits a Quarantine first (for liveness
+//     only: the release write moves the claim's resourceVersion on, which
+//     fences any write still in flight).
+//   - Unmark: a mark naming claim c is removed, guarded by the pod's
+//     resourceVersion, only when a version of c's record newer than the
+//     mark does not list the pod as held, when c no longer exists, or when
+//     this allocator's own hand-out of the pod failed for certain.
+//   - Recycling is a write too: the recycler is called only for a pod whose
+//     mark names the claim it is recycled for.
+
+// rvNum is a resourceVersion as a number, 0 if it is not one.
+func rvNum(rv string) uint64 {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// fenceGone justifies an unmark that needs no record version: the claim is
+// gone, or the allocator's own hand-out of the pod failed for certain.
+const fenceGone = math.MaxUint64
+
+// unmarkEntry is a pod whose mark the allocator may remove.
+type unmarkEntry struct {
+	// uid is the claim the mark must still name.
+	uid types.UID
+	// fence is the resourceVersion of a version of that claim's record that
+	// does not list the pod as held; the mark may go if it is older.
+	fence uint64
+}
+
+// queueUnmark asks for pi's mark to be removed, justified by fence.
+func (r *round) queueUnmark(pi *podInfo, uid types.UID, fence uint64) {
+	if r.a.cfg.markKey == "" || pi == nil || pi.mark == "" || !pi.present {
+		return
+	}
+	r.p.unmark[pi.name] = unmarkEntry{uid: uid, fence: fence}
+}
+
+// marks reports whether pod marks are on.
+func (r *round) marks() bool { return r.a.cfg.markKey != "" }
+
+// takeIn takes in a version of claim ci's record (pod marks on): the
+// pods it lists are held if their marks say so, pods ci held that it no
+// longer lists are settled, and the rest are strays.
+func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
+	if rv != 0 && rv < ci.recRV {
+		return // older than what is known
+	}
+	ci.recRV = rv
+	ci.released = rec.Released
+	held := rec.Held()
+	for name, pi := range ci.held {
+		if slices.Contains(held, name) {
+			continue
+		}
+		// The newer record no longer lists a pod ci held: whoever wrote it,
+		// the pod is not free as it is.
+		r.toSettle(ci, pi)
+	}
+	var strays []string
+	for _, name := range held {
+		if ci.held[name] != nil {
+			continue
+		}
+		if !r.takeName(ci, name, false) {
+			strays = append(strays, name)
+		}
+	}
+	r.setStrays(ci, strays)
+}
+
+// takeName decides whether ci holds the pod its record lists under name.
+// It returns false for a stray entry: ci does not hold it, and its next
+// write drops it.
+func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
+	p := r.p
+	pi := p.pods[name]
+	if pi == nil || !pi.present {
+		return false // never seen, or gone: not reserved for anyone
+	}
+	switch h := pi.markUID(p.name); {
+	case h == ci.uid:
+		switch {
+		case pi.holder == ci:
+			return true
+		case pi.reservedBy == ci:
+			r.unreserve(ci, []*podInfo{pi}, true)
+			return pi.holder == ci
+		case pi.settleFor == ci:
+			// Handed to it again after all (another allocator completed the
+			// hand-out): it is held, and given back as it was being settled.
+			r.endSettle(pi)
+			if !r.allocate(ci, name) {
+				return false
+			}
+			r.startRecycling(ci, pi)
+			return true
+		case pi.holder == nil && pi.reservedBy == nil && pi.settleFor == nil:
+			return r.allocate(ci, name)
+		}
+		return false
+	case h != "":
+		if pi.holder == ci {
+			r.drop(ci, pi)
+		}
+		if !verified && rvNum(pi.rv) < ci.recRV {
+			r.verifyLater(pi, ci)
+		}
+		return false
+	default:
+		if pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil {
+			return pi.holder == ci
+		}
+		if !verified && rvNum(pi.rv) < ci.recRV {
+			r.verifyLater(pi, ci)
+			return false
+		}
+		if !verified {
+			// The pod changed after the record was written: the record may
+			// be a lagging copy. Read the claim live first.
+			r.confirmLater(ci, name)
+			return false
+		}
+		// The record says ci holds it and no mark does: who uses it is
+		// uncertain (a record from before pod marks, a hand edit). It is
+		// marked for ci, then recycled before anyone else gets it, or,
+		// with WithPodMarkMigration, believed.
+		if !r.allocate(ci, name) {
+			return false
+		}
+		p.tomark[name] = ci.uid
+		if !r.a.cfg.markMigrate {
+			r.startRecycling(ci, pi)
+			r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: pod %s carries no mark: it is recycled before anyone gets it (WithPodMarkMigration believes such records)",
+				ErrUntrustedRecord, name)))
+		}
+		return true
+	}
+}
+
+// allocate records in the store and the pool that ci holds pod name.
+func (r *round) allocate(ci *claimInfo, name string) bool {
+	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
+		r.errs = append(r.errs, r.claimErr(ci, err))
+		return false
+	}
+	r.hold(ci, name)
+	r.a.setHolds(ci.uid, r.p.name, true)
+	return true
+}
+
+// drop ends ci's hold of pi without unmarking it: a newer record or mark
+// says ci does not hold it.
+func (r *round) drop(ci *claimInfo, pi *podInfo) {
+	if err := r.a.cfg.store.Free(r.p.name, ci.uid, []string{pi.name}); err != nil {
+		r.errs = append(r.errs, r.claimErr(ci, err))
+		return
+	}
+	r.unhold(ci, pi.name, 0)
+	r.a.setHolds(ci.uid, r.p.name, len(ci.held) > 0)
+	r.p.dirty[ci] = struct{}{}
+}
+
+// toSettle moves a pod ci held, that ci's record no longer lists, to
+// settling for ci: recycled (unless it already was), recorded as released,
+// then unmarked.
+func (r *round) toSettle(ci *claimInfo, pi *podInfo) {
+	recycled := pi.recycled
+	if !r.marks() || !pi.present || pi.markUID(r.p.name) != ci.uid {
+		// Gone, or not marked for ci: nothing of ci's to settle.
+		r.drop(ci, pi)
+		return
+	}
+	pi.settleFor = ci // keeps the entry while it is dropped
+	r.drop(ci, pi)
+	if pi.holder != nil {
+		pi.settleFor = nil
+		return
+	}
+	pi.settleFor = nil
+	r.startSettle(ci, pi)
+	pi.recycled = recycled
+}
+
+func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
+	if pi.settleFor == ci {
+		return
+	}
+	if pi.reservedBy != nil {
+		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		delete(r.p.reserved, pi.name)
+	}
+	pi.settleFor, pi.recycled = ci, false
+	r.p.settling[pi.name] = pi
+	r.p.dirty[ci] = struct{}{}
+	r.p.refreshFree(pi)
+}
+
+func (r *round) endSettle(pi *podInfo) {
+	if pi == nil {
+		return
+	}
+	pi.settleFor, pi.recycled = nil, false
+	if r.p.settling[pi.name] == pi {
+		delete(r.p.settling, pi.name)
+	}
+	r.maybeForget(pi)
+}
+
+// setStrays replaces ci's stray entries.
+func (r *round) setStrays(ci *claimInfo, names []string) {
+	p := r.p
+	for _, name := range ci.strays {
+		if pi := p.pods[name]; pi != nil {
+			pi.strays--
+			r.maybeForget(pi)
+		}
+	}
+	for _, name := range names {
+		pi := p.podOrNew(name)
+		pi.strays++
+		p.refreshFree(pi)
+	}
+	ci.strays = names
+	if len(names) > 0 {
+		ci.rewrite = true
+		p.dirty[ci] = struct{}{}
+	}
+}
+
+// addStray adds one stray entry to ci.
+func (r *round) addStray(ci *claimInfo, name string) {
+	if slices.Contains(ci.strays, name) {
+		return
+	}
+	r.setStrays(ci, append(slices.Clone(ci.strays), name))
+}
+
+// maybeForget drops the entry of a pod that is neither listed nor needed.
+func (r *round) maybeForget(pi *podInfo) {
+	p := r.p
+	if p.pods[pi.name] != pi {
+		return
+	}
+	if pi.present || pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil || pi.strays > 0 {
+		p.refreshFree(pi)
+		return
+	}
+	p.dropPod(pi)
+}
+
+// dropPod removes pi's entry; a newer pod waiting under the name takes it.
+func (p *pool) dropPod(pi *podInfo) {
+	if p.pods[pi.name] != pi {
+		return
+	}
+	pi.present = false
+	p.refreshFree(pi)
+	if next := pi.next; next != nil {
+		pi.next = nil
+		next.strays = pi.strays
+		p.pods[pi.name] = next
+		p.refreshFree(next)
+		return
+	}
+	delete(p.pods, pi.name)
+}
+
+// verifyLater asks for pi to be read live before ci's record is decided
+// on: the pod as known is older than the record.
+func (r *round) verifyLater(pi *podInfo, ci *claimInfo) {
+	if r.verify == nil {
+		r.verify = make(map[*podInfo][]*claimInfo)
+	}
+	r.verify[pi] = append(r.verify[pi], ci)
+}
+
+// verifyPods reads live the pods whose records were newer than the pods as
+// known, and decides those records' entries again.
+func (r *round) verifyPods() {
+	if len(r.verify) == 0 {
+		return
+	}
+	type job struct {
+		pi  *podInfo
+		pod corev1.Pod
+		err error
+	}
+	jobs := make([]*job, 0, len(r.verify))
+	for pi := range r.verify {
+		jobs = append(jobs, &job{pi: pi})
+	}
+	slices.SortFunc(jobs, func(x, y *job) int { return compareStrings(x.pi.name, y.pi.name) })
+	reader := r.a.cfg.podReader
+	r.parallel(len(jobs), func(i int) {
+		j := jobs[i]
+		j.err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: j.pi.name}, &j.pod)
+	})
+	verify := r.verify
+	r.verify = nil
+	for _, j := range jobs {
+		switch {
+		case apierrors.IsNotFound(j.err):
+			r.podGone(j.pi.name, j.pi)
+		case j.err != nil:
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, j.pi.name, j.err))
+			continue
+		default:
+			r.observePod(&j.pod)
+		}
+		for _, ci := range verify[j.pi] {
+			if !slices.Contains(ci.strays, j.pi.name) || ci.held[j.pi.name] != nil {
+				continue
+			}
+			if r.takeName(ci, j.pi.name, true) {
+				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays), func(n string) bool { return n == j.pi.name }))
+			}
+		}
+		if pi := r.p.pods[j.pi.name]; pi != nil {
+			r.resolveMark(pi)
+		}
+	}
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// resolveMark decides what a pod's mark means when the claim it names
+// does not hold the pod as far as the allocator knows.
+func (r *round) resolveMark(pi *podInfo) {
+	p := r.p
+	if !r.marks() || pi.mark == "" || !pi.present || p.pods[pi.name] != pi {
+		return
+	}
+	h, ok := parseMark(p.name, pi.mark)
+	if !ok {
+		return // not a mark of ours: the pod stays out of the pool
+	}
+	if ci := pi.holder; ci != nil {
+		if ci.uid == h.UID {
+			return
+		}
+		// Marked for another claim: what we believed of ci is stale. Its
+		// record, as known, still lists the pod: a stray entry.
+		r.drop(ci, pi)
+		if ci.listed {
+			r.addStray(ci, pi.name)
+		}
+	}
+	if pi.reservedBy != nil {
+		if pi.reservedBy.uid == h.UID {
+			return
+		}
+		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		delete(p.reserved, pi.name)
+	}
+	if pi.settleFor != nil {
+		if pi.settleFor.uid == h.UID {
+			return
+		}
+		r.endSettle(pi)
+	}
+	if e, ok := p.unmark[pi.name]; ok && e.uid == h.UID {
+		return
+	}
+	ci := p.claims[h.UID]
+	if ci == nil {
+		ci = &claimInfo{uid: h.UID, name: h.Claim, held: make(map[string]*podInfo), since: r.now}
+		p.claims[h.UID] = ci
+	}
+	if ci.held[pi.name] != nil {
+		return
+	}
+	if !ci.listed {
+		// Marked for a claim this pool does not list: deleted,
+		// force-deleted, moved to another pool, or not in a lagging
+		// listing yet. It is handled like a claim that left the pool.
+		p.dirty[ci] = struct{}{}
+		r.allocate(ci, pi.name)
+		return
+	}
+	if ci.recRV != 0 && ci.recRV > pi.markRV {
+		r.startSettle(ci, pi)
+		return
+	}
+	// The mark is newer than the record known: a hand-out may be in flight.
+	pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+	p.reserved[pi.name] = pi
+	p.dirty[ci] = struct{}{}
+	p.refreshFree(pi)
+}
+
+// confirmLater asks for ci to be read live before its record's entry for
+// an unmarked pod is acted on.
+func (r *round) confirmLater(ci *claimInfo, name string) {
+	if r.confirm == nil {
+		r.confirm = make(map[*claimInfo][]string)
+	}
+	r.confirm[ci] = append(r.confirm[ci], name)
+}
+
+// confirmClaims reads live the claims whose records list unmarked pods,
+// and acts on the entries the live record still lists.
+func (r *round) confirmClaims() {
+	if len(r.confirm) == 0 {
+		return
+	}
+	type job struct {
+		ci    *claimInfo
+		names []string
+		held  []string
+		err   error
+	}
+	var jobs []*job
+	for ci, names := range r.confirm {
+		jobs = append(jobs, &job{ci: ci, names: names})
+	}
+	r.confirm = nil
+	slices.SortFunc(jobs, func(x, y *job) int { return compareNames(x.ci, y.ci) })
+	r.parallel(len(jobs), func(i int) {
+		j := jobs[i]
+		base := j.ci.obj
+		if base == nil {
+			j.err = errNoProto
+			return
+		}
+		live, err := r.live(j.ci, base)
+		if err != nil {
+			j.err = err
+			return
+		}
+		rec, err := r.a.cfg.syncer.Read(live)
+		if err != nil && !errors.Is(err, syncer.ErrMalformedRelease) {
+			j.err = err
+			return
+		}
+		j.held = rec.Held()
+	})
+	for _, j := range jobs {
+		if j.err != nil {
+			if !apierrors.IsNotFound(j.err) {
+				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("read claim: %w", j.err)))
+			}
+			continue
+		}
+		var taken []string
+		for _, name := range j.names {
+			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && j.ci.held[name] == nil &&
+				r.takeName(j.ci, name, true) {
+				taken = append(taken, name)
+			}
+		}
+		if len(taken) > 0 {
+			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays), func(n string) bool { return slices.Contains(taken, n) }))
+		}
+	}
+}
+
+// resolvePods runs after the input is taken in (pod marks): pods whose
+// records were newer than the pods as known are read live, then pods whose
+// marks changed are looked at.
+func (r *round) resolvePods() {
+	if !r.marks() {
+		return
+	}
+	r.verifyPods()
+	r.confirmClaims()
+	check := r.check
+	r.check = nil
+	for _, pi := range check {
+		r.resolveMark(pi)
+	}
+}
+
+// errNoProto: a claim known only from a pod's mark cannot be read live
+// before any claim of the pool was listed, as its Go type is unknown.
+var errNoProto = errors.New("no claim of the pool was listed yet, so the claim's type is unknown")
+
+// protoFor returns an object of the pool's claim type with ci's namespace
+// and name, to read ci live. Nil before any claim of the pool was listed.
+func (p *pool) protoFor(ci *claimInfo) client.Object {
+	proto := p.proto
+	if proto == nil {
+		proto = p.anyProto()
+	}
+	if proto == nil {
+		return nil
+	}
+	o, ok := proto.DeepCopyObject().(client.Object)
+	if !ok {
+		return nil
+	}
+	o.SetNamespace(ci.name.Namespace)
+	o.SetName(ci.name.Name)
+	o.SetUID(ci.uid)
+	o.SetResourceVersion("")
+	return o
+}
