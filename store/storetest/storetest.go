@@ -550,7 +550,7 @@ func testConcurrentAllocate(t *testing.T, s store.AllocationStore) {
 			}
 			if _, err := s.Held(poolA, h.UID); err != nil {
 				mu.Lock()
-				failures = append(failures, fmt.Errorf("Held: %w", err))
+				failures = append(failures, fmt.Errorf("Held(%s, %s): %w", poolA, h.UID, err))
 				mu.Unlock()
 			}
 		})
