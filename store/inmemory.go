@@ -17,7 +17,8 @@ import (
 // enough to look a pool up (or, on a pool's first Allocate, to add it).
 //
 // Allocate, Free and HolderOf cost time proportional to the pods in the
-// call, not to the pool; Held sorts only the claim's pods. Snapshot,
+// call, not to the pool; Count costs constant time; Held sorts only the
+// claim's pods. Snapshot,
 // Holders and Pools copy what they return and cost time proportional to
 // the pool (Pools: to the number of pools).
 //
@@ -119,7 +120,7 @@ func (s *InMemory) lookupOrCreate(pool types.NamespacedName) *poolIndex {
 }
 
 // Allocate records that h holds pods in pool, all or nothing. See
-// AllocationStore.Allocate and the InMemory type documentation.
+// Writer.Allocate and the InMemory type documentation.
 func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) error {
 	if h.UID == "" {
 		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
@@ -188,7 +189,7 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 }
 
 // Free records that the claim with uid no longer holds pods in pool, all
-// or nothing. See AllocationStore.Free.
+// or nothing. See Writer.Free.
 func (s *InMemory) Free(pool types.NamespacedName, uid types.UID, pods []string) error {
 	if uid == "" {
 		return fmt.Errorf("pool %s: %w: empty claim UID", pool, ErrInvalidArgument)
@@ -245,7 +246,7 @@ func (p *poolIndex) free(pool types.NamespacedName, uid types.UID, pods []string
 }
 
 // HolderOf returns the claim holding pod in pool. See
-// AllocationStore.HolderOf. It never fails.
+// Reader.HolderOf. It never fails.
 func (s *InMemory) HolderOf(pool types.NamespacedName, pod string) (Holder, bool, error) {
 	p := s.lookup(pool)
 	if p == nil {
@@ -258,7 +259,7 @@ func (s *InMemory) HolderOf(pool types.NamespacedName, pod string) (Holder, bool
 }
 
 // Held returns the pods the claim with uid holds in pool, sorted. See
-// AllocationStore.Held. It never fails; it returns nil when the claim
+// Reader.Held. It never fails; it returns nil when the claim
 // holds nothing.
 func (s *InMemory) Held(pool types.NamespacedName, uid types.UID) ([]string, error) {
 	p := s.lookup(pool)
@@ -280,8 +281,20 @@ func (s *InMemory) Held(pool types.NamespacedName, uid types.UID) ([]string, err
 	return out, nil
 }
 
+// Count returns how many pods the claim with uid holds in pool. See
+// Reader.Count. It never fails and does not allocate.
+func (s *InMemory) Count(pool types.NamespacedName, uid types.UID) (int, error) {
+	p := s.lookup(pool)
+	if p == nil {
+		return 0, nil
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.claims[uid].pods), nil // a dead index has no claims
+}
+
 // Holders returns the claims holding pods in pool, sorted by namespace,
-// name, then UID. See AllocationStore.Holders. It never fails; it returns
+// name, then UID. See Reader.Holders. It never fails; it returns
 // nil when no claim holds a pod there.
 func (s *InMemory) Holders(pool types.NamespacedName) ([]Holder, error) {
 	p := s.lookup(pool)
@@ -302,7 +315,7 @@ func (s *InMemory) Holders(pool types.NamespacedName) ([]Holder, error) {
 	return out, nil
 }
 
-// Snapshot returns a copy of pool's index. See AllocationStore.Snapshot.
+// Snapshot returns a copy of pool's index. See Reader.Snapshot.
 // It never fails; the map is never nil.
 func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error) {
 	p := s.lookup(pool)
@@ -317,7 +330,7 @@ func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error
 	return maps.Clone(p.pods), nil
 }
 
-// DeletePool forgets pool. See AllocationStore.DeletePool. It never fails.
+// DeletePool forgets pool. See Writer.DeletePool. It never fails.
 func (s *InMemory) DeletePool(pool types.NamespacedName) error {
 	s.mu.Lock()
 	p := s.pools[pool]
@@ -337,7 +350,7 @@ func (s *InMemory) DeletePool(pool types.NamespacedName) error {
 }
 
 // Pools returns the pools with at least one held pod, sorted by namespace,
-// then name. See AllocationStore.Pools. It never fails; it returns nil when
+// then name. See Reader.Pools. It never fails; it returns nil when
 // no pod is held anywhere.
 func (s *InMemory) Pools() ([]types.NamespacedName, error) {
 	s.mu.RLock()

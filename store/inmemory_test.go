@@ -21,6 +21,20 @@ func TestInMemoryZeroValue(t *testing.T) {
 	storetest.Run(t, func() store.AllocationStore { return new(store.InMemory) })
 }
 
+// TestInMemoryCountDoesNotAllocate checks Count's promise to hot paths.
+func TestInMemoryCountDoesNotAllocate(t *testing.T) {
+	s := store.NewInMemory()
+	require.NoError(t, s.Allocate(pool, claimA, []string{"x", "y"}))
+	var n int
+	allocs := testing.AllocsPerRun(100, func() {
+		n, _ = s.Count(pool, claimA.UID)
+		m, _ := s.Count(pool, claimB.UID)
+		n += m
+	})
+	require.Equal(t, 2, n)
+	require.Zero(t, allocs, "allocations per Count")
+}
+
 var (
 	pool   = types.NamespacedName{Namespace: "ns", Name: "pool"}
 	claimA = store.Holder{UID: "uid-a", Claim: types.NamespacedName{Namespace: "ns", Name: "a"}}

@@ -107,7 +107,10 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 		got, err := s.Held(pool, uid)
 		require.NoError(t, err, "Held(%s, %s)", pool, uid)
 		require.Equal(t, pods, got, "Held(%s, %s)", pool, uid)
+		requireCount(t, s, pool, uid, len(pods))
 	}
+	// A UID that holds nothing anywhere counts none.
+	requireCount(t, s, pool, "uid-never-used", 0)
 
 	holders, err := s.Holders(pool)
 	require.NoError(t, err, "Holders(%s)", pool)
@@ -117,6 +120,16 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 	} else {
 		require.Equal(t, wantHolders, holders, "Holders(%s)", pool)
 	}
+}
+
+// requireCount requires that Count(pool, uid) is want.
+func requireCount(t require.TestingT, s store.Reader, pool types.NamespacedName, uid types.UID, want int) {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
+	n, err := s.Count(pool, uid)
+	require.NoError(t, err, "Count(%s, %s)", pool, uid)
+	require.Equal(t, want, n, "Count(%s, %s)", pool, uid)
 }
 
 // checkPools requires that Pools returns exactly want.
@@ -177,6 +190,8 @@ func testEmpty(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimX.UID)
 	require.NoError(t, err)
 	require.Empty(t, held)
+	requireCount(t, s, poolA, claimX.UID, 0)
+	requireCount(t, s, poolA, "", 0)
 	checkPools(t, s)
 	require.NoError(t, s.DeletePool(poolA), "DeletePool of an unknown pool")
 	checkPools(t, s)
@@ -268,6 +283,7 @@ func testFree(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimX.UID)
 	require.NoError(t, err)
 	require.Empty(t, held, "Held of a claim that freed all its pods")
+	requireCount(t, s, poolA, claimX.UID, 0)
 	checkPools(t, s, poolA)
 
 	// A freed pod can be allocated again, to anyone.
@@ -357,6 +373,7 @@ func testDeletePool(t *testing.T, s store.AllocationStore) {
 
 	require.NoError(t, s.DeletePool(poolA))
 	checkPool(t, s, poolA, nil, "a", "b")
+	requireCount(t, s, poolA, claimX.UID, 0)
 	checkPool(t, s, poolB, hold(claimX, "a", "b"))
 	checkPools(t, s, poolB)
 	require.ErrorIs(t, s.Free(poolA, claimX.UID, []string{"a"}), store.ErrNotHeld)
@@ -398,6 +415,7 @@ func testClaimsByUID(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimXAgain.UID)
 	require.NoError(t, err)
 	require.Empty(t, held)
+	requireCount(t, s, poolA, claimXAgain.UID, 0)
 	require.ErrorIs(t, s.Free(poolA, claimXAgain.UID, []string{"a"}), store.ErrNotHeld)
 	requireHeldError(t, s.Allocate(poolA, claimXAgain, []string{"c", "b"}), poolA, "b", claimX)
 
@@ -548,9 +566,16 @@ func testConcurrentAllocate(t *testing.T, s store.AllocationStore) {
 			for _, i := range rng.Perm(nPods) {
 				try([]string{pods[i]})
 			}
-			if _, err := s.Held(poolA, h.UID); err != nil {
+			held, err := s.Held(poolA, h.UID)
+			if err != nil {
 				mu.Lock()
 				failures = append(failures, fmt.Errorf("Held(%s, %s): %w", poolA, h.UID, err))
+				mu.Unlock()
+			}
+			// Only this goroutine allocates for h, and it is done.
+			if n, err := s.Count(poolA, h.UID); err != nil || n != len(held) {
+				mu.Lock()
+				failures = append(failures, fmt.Errorf("Count(%s, %s) = %d, %v; Held has %d", poolA, h.UID, n, err, len(held)))
 				mu.Unlock()
 			}
 		})
@@ -612,6 +637,10 @@ func testConcurrentPools(t *testing.T, s store.AllocationStore) {
 				}
 				if _, err := s.Holders(pool); err != nil {
 					errs <- err
+					return
+				}
+				if n, err := s.Count(pool, h.UID); err != nil || n > 2 {
+					errs <- fmt.Errorf("Count(%s, %s) = %d, %v; want at most 2", pool, h.UID, n, err)
 					return
 				}
 				if _, err := s.Pools(); err != nil {
@@ -855,6 +884,13 @@ func testModel(t *testing.T, newStore func() store.AllocationStore) {
 				for i := range got { // the caller owns it
 					got[i] = "scribbled"
 				}
+			},
+			"Count": func(t *rapid.T) {
+				p := pool.Draw(t, "pool")
+				uid := rapid.SampledFrom(modelUIDs).Draw(t, "uid")
+				n, err := s.Count(p, uid)
+				require.NoError(t, err)
+				require.Equal(t, len(m.heldBy(p, uid)), n, "Count(%s, %s)", p, uid)
 			},
 			"Snapshot": func(t *rapid.T) {
 				p := pool.Draw(t, "pool")
