@@ -39,7 +39,7 @@ func Run(t *testing.T, newStore func() store.AllocationStore) {
 		if s == nil {
 			t.Fatal("newStore returned nil")
 		}
-		return s
+		return guard(t, s)
 	}
 	for _, tc := range []struct {
 		name string
@@ -66,6 +66,53 @@ func Run(t *testing.T, newStore func() store.AllocationStore) {
 	t.Run("Model", func(t *testing.T) { testModel(t, newStore) })
 }
 
+// guarded wraps the store under test so that every Writer call, in every
+// subtest, is checked for what it does to its pods argument: the store is
+// handed a copy, which must be unchanged when the call returns, and which
+// guarded then overwrites, so that a store that kept the slice shows the
+// overwritten names in later reads.
+type guarded struct {
+	store.AllocationStore
+	t errorer
+}
+
+// errorer is what guarded reports to: a *testing.T or a *rapid.T. Errorf
+// may be called from any goroutine.
+type errorer interface {
+	Errorf(format string, args ...any)
+}
+
+func guard(t errorer, s store.AllocationStore) store.AllocationStore {
+	return guarded{AllocationStore: s, t: t}
+}
+
+// retainedName replaces each pod name in a guarded call's argument after
+// the call returned.
+const retainedName = "storetest-overwrote-this-name-after-the-call-returned"
+
+func (g guarded) Allocate(pool types.NamespacedName, h store.Holder, pods []string) error {
+	arg := slices.Clone(pods)
+	err := g.AllocationStore.Allocate(pool, h, arg)
+	g.check("Allocate", pool, pods, arg)
+	return err
+}
+
+func (g guarded) Free(pool types.NamespacedName, uid types.UID, pods []string) error {
+	arg := slices.Clone(pods)
+	err := g.AllocationStore.Free(pool, uid, arg)
+	g.check("Free", pool, pods, arg)
+	return err
+}
+
+func (g guarded) check(call string, pool types.NamespacedName, want, got []string) {
+	if !slices.Equal(want, got) {
+		g.t.Errorf("%s(%s, …, %q) modified its pods argument to %q", call, pool, want, got)
+	}
+	for i := range got {
+		got[i] = retainedName
+	}
+}
+
 // checkPool requires that pool's state in s is exactly want (pod →
 // holder), through every read method. absent lists pods to check are held
 // by no claim; pods in want are never absent.
@@ -87,7 +134,7 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 		require.True(t, ok, "HolderOf(%s, %s): want held", pool, pod)
 		require.Equal(t, want[pod], h, "HolderOf(%s, %s)", pool, pod)
 	}
-	for _, pod := range absent {
+	for _, pod := range slices.Concat(absent, []string{retainedName}) {
 		if _, held := want[pod]; held {
 			continue
 		}
@@ -776,6 +823,7 @@ func testModel(t *testing.T, newStore func() store.AllocationStore) {
 		if s == nil {
 			t.Fatal("newStore returned nil")
 		}
+		s = guard(t, s)
 		m := model{}
 		pool := rapid.SampledFrom(modelPools)
 
