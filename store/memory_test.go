@@ -83,12 +83,7 @@ func heapPerPod(tb testing.TB, newStore func() store.AllocationStore, calls []he
 //
 //	go test ./store/ -run '^$' -bench HeapPerPod -benchtime 5x
 func BenchmarkHeapPerPod(b *testing.B) {
-	for _, impl := range []struct {
-		name     string
-		newStore func() store.AllocationStore
-	}{
-		{"InMemory", func() store.AllocationStore { return store.NewInMemory() }},
-	} {
+	for _, impl := range implementations {
 		b.Run(impl.name, func(b *testing.B) {
 			calls := heapFixture()
 			// Measure before the timed loop: b.Loop keeps what its body
