@@ -7,11 +7,19 @@
 // calls and knows no claim types: a claim is a Holder, its UID and its
 // namespaced name, and pods are names within a pool.
 //
-// AllocationStore is the interface the allocator uses; InMemory is its
-// implementation, locked per pool so that rounds on different pools run in
-// parallel. Failures are wrapped errors matching ErrPodHeld (with a
-// *HeldError naming the holder), ErrNotHeld or ErrInvalidArgument.
-// Package storetest is a conformance suite for other implementations.
+// AllocationStore is the interface the allocator uses. It is made of two
+// role interfaces: Reader (HolderOf, Held, Count, Holders, Snapshot,
+// Pools) and Writer (Allocate, Free, DeletePool). Hand the Reader half to
+// code that must see holdings but must not change them; only the
+// allocator writes. Failures are wrapped errors matching ErrPodHeld (with
+// a *HeldError naming the holder), ErrNotHeld or ErrInvalidArgument.
+//
+// Two implementations pass the same conformance suite, package storetest,
+// which also checks other implementations. InMemory, the allocator's
+// default, is locked per pool so that rounds on different pools run in
+// parallel, and costs time per call proportional to the pods in the call.
+// Sorted, written independently, keeps each pool as rows sorted by pod
+// name; it is simpler and slower on large pools.
 //
 //	s := store.NewInMemory()
 //	pool := types.NamespacedName{Namespace: "ci", Name: "runners"}
@@ -20,4 +28,7 @@
 //		// another claim holds one of them; nothing was recorded
 //	}
 //	pods, _ := s.Held(pool, claim.UID) // [runner-0 runner-1]
+//
+//	var r store.Reader = s // for code that only looks
+//	n, _ := r.Count(pool, claim.UID) // 2
 package store

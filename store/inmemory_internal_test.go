@@ -1,10 +1,12 @@
 package store
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/types"
+	"pgregory.net/rapid"
 )
 
 // TestDeletePoolBetweenLookupAndLock runs DeletePool after Allocate or Free
@@ -53,4 +55,83 @@ func TestReadDeadIndex(t *testing.T) {
 	// A new Allocate does not reuse the dead index.
 	require.NoError(t, s.Allocate(pool, h, []string{"x"}))
 	require.NotSame(t, p, s.lookup(pool))
+}
+
+// check reports the first way p's two maps disagree, or nil. The caller
+// holds p.mu.
+func (p *poolIndex) check() error {
+	if p.dead {
+		if p.pods != nil || p.claims != nil {
+			return fmt.Errorf("dead index keeps %d pods, %d claims", len(p.pods), len(p.claims))
+		}
+		return nil
+	}
+	for pod, e := range p.pods {
+		if e.claim == nil || e.at < 0 || e.at >= len(e.claim.pods) || e.claim.pods[e.at] != pod {
+			return fmt.Errorf("pod %s: entry %+v does not point back at it", pod, e)
+		}
+		if p.claims[e.claim.holder.UID] != e.claim {
+			return fmt.Errorf("pod %s: its claim %s is not the pool's claim with that UID", pod, e.claim.holder)
+		}
+	}
+	n := 0
+	for uid, c := range p.claims {
+		if c.holder.UID != uid {
+			return fmt.Errorf("claim under UID %s is %s", uid, c.holder)
+		}
+		if len(c.pods) == 0 {
+			return fmt.Errorf("claim %s holds nothing but is listed", c.holder)
+		}
+		for _, pod := range c.pods {
+			if p.pods[pod].claim != c {
+				return fmt.Errorf("claim %s lists pod %s, which is not recorded as its own", c.holder, pod)
+			}
+		}
+		n += len(c.pods)
+	}
+	if n != len(p.pods) {
+		return fmt.Errorf("claims list %d pods, the pool holds %d", n, len(p.pods))
+	}
+	return nil
+}
+
+// TestInMemoryIndexConsistent checks after every random step that each
+// pool's two maps agree.
+func TestInMemoryIndexConsistent(t *testing.T) {
+	checkAfterRandomCalls(t, func(*rapid.T) (AllocationStore, func() error) {
+		s := NewInMemory()
+		return s, func() error {
+			for name, p := range s.pools {
+				p.mu.RLock()
+				err := p.check()
+				p.mu.RUnlock()
+				if err != nil {
+					return fmt.Errorf("pool %s: %w", name, err)
+				}
+			}
+			return nil
+		}
+	})
+}
+
+// TestInMemoryShrinksClaim frees most of a large claim's pods: its slice
+// of names shrinks instead of keeping its peak capacity.
+func TestInMemoryShrinksClaim(t *testing.T) {
+	pool := types.NamespacedName{Namespace: "ns", Name: "pool"}
+	h := Holder{UID: "uid-a", Claim: types.NamespacedName{Namespace: "ns", Name: "a"}}
+	s := NewInMemory()
+	pods := make([]string, 1000)
+	for i := range pods {
+		pods[i] = fmt.Sprintf("pod-%04d", i)
+	}
+	require.NoError(t, s.Allocate(pool, h, pods))
+	require.NoError(t, s.Free(pool, h.UID, pods[10:]))
+	p := s.lookup(pool)
+	require.NoError(t, p.check())
+	c := p.claims[h.UID]
+	require.Len(t, c.pods, 10)
+	require.LessOrEqual(t, cap(c.pods), 64)
+	held, err := s.Held(pool, h.UID)
+	require.NoError(t, err)
+	require.Equal(t, pods[:10], held)
 }

@@ -16,51 +16,79 @@ type Holder struct {
 
 func (h Holder) String() string { return fmt.Sprintf("%s (uid %s)", h.Claim, h.UID) }
 
-// AllocationStore is the in-memory index pool → pod → claim. It makes no API
-// calls and knows no claim types; the allocator writes to it only after the
+// AllocationStore is the index pool → pod → claim. It makes no API calls
+// and knows no claim types; the allocator writes to it only after the
 // matching record is durable on the API server, so the store shows what the
 // API server holds.
+//
+// It is a Reader and a Writer. Hand out the Reader half to code that must
+// see holdings but must not change them; only the allocator writes.
 //
 // Pools are independent: an implementation must let calls on different
 // pools proceed in parallel and must be safe for concurrent use. Every
 // method returns an error, so that an implementation backed by something
-// that can fail fits the interface; the in-memory one fails only on invalid
+// that can fail fits the interface; an in-memory one fails only on invalid
 // arguments. Slices and maps returned belong to the caller; slices passed in
 // are not retained or modified.
 type AllocationStore interface {
-	// Allocate records that h holds pods in pool. It is all or nothing: if
-	// any pod is already held (by h or by another claim) it changes nothing
-	// and returns a *HeldError (matching ErrPodHeld). An empty pod name, an
-	// empty h.UID or a pod listed twice is ErrInvalidArgument.
-	Allocate(pool types.NamespacedName, h Holder, pods []string) error
+	Reader
+	Writer
+}
 
-	// Free records that the claim with uid no longer holds pods in pool. It
-	// is all or nothing: if any pod is not held by that claim it changes
-	// nothing and returns an error matching ErrNotHeld. An empty pod name,
-	// an empty uid or a pod listed twice is ErrInvalidArgument.
-	Free(pool types.NamespacedName, uid types.UID, pods []string) error
-
+// Reader is the read half of an AllocationStore.
+//
+// No Reader method returns a sentinel error: an in-memory implementation
+// never fails a read, and one backed by something that can fail returns its
+// own wrapped error. A read of a pool the store does not know, or of a
+// claim holding nothing, is not an error: it reads as empty.
+type Reader interface {
 	// HolderOf returns the claim holding pod in pool; ok is false when the
 	// pod is held by no claim.
 	HolderOf(pool types.NamespacedName, pod string) (h Holder, ok bool, err error)
 
 	// Held returns the pods the claim with uid holds in pool, sorted by
-	// name; empty when it holds none.
+	// name; empty when it holds none. The slice belongs to the caller.
 	Held(pool types.NamespacedName, uid types.UID) ([]string, error)
 
+	// Count returns how many pods the claim with uid holds in pool: the
+	// length of what Held would return, without building it. It is meant
+	// for hot paths and should not allocate.
+	Count(pool types.NamespacedName, uid types.UID) (int, error)
+
 	// Holders returns the claims holding at least one pod in pool, sorted
-	// by namespace, name, then UID.
+	// by namespace, name, then UID. The slice belongs to the caller.
 	Holders(pool types.NamespacedName) ([]Holder, error)
 
-	// Snapshot returns a copy of pool's index, pod name → holder.
+	// Snapshot returns a copy of pool's index, pod name → holder. The map
+	// belongs to the caller.
 	Snapshot(pool types.NamespacedName) (map[string]Holder, error)
 
-	// DeletePool forgets everything about pool. Deleting an unknown pool is
-	// not an error.
-	DeletePool(pool types.NamespacedName) error
-
-	// Pools returns the pools with at least one held pod, sorted.
+	// Pools returns the pools with at least one held pod, sorted by
+	// namespace, then name. The slice belongs to the caller.
 	Pools() ([]types.NamespacedName, error)
+}
+
+// Writer is the write half of an AllocationStore. Writers neither modify
+// nor retain the pods slice they are given.
+type Writer interface {
+	// Allocate records that h holds pods in pool. It is all or nothing: if
+	// any pod is already held (by h or by another claim) it changes nothing
+	// and returns a *HeldError (matching ErrPodHeld). An empty pod name, an
+	// empty h.UID or a pod listed twice is ErrInvalidArgument, and also
+	// changes nothing.
+	Allocate(pool types.NamespacedName, h Holder, pods []string) error
+
+	// Free records that the claim with uid no longer holds pods in pool. It
+	// is all or nothing: if any pod is not held by that claim it changes
+	// nothing and returns an error matching ErrNotHeld. An empty pod name,
+	// an empty uid or a pod listed twice is ErrInvalidArgument, and also
+	// changes nothing.
+	Free(pool types.NamespacedName, uid types.UID, pods []string) error
+
+	// DeletePool forgets everything about pool; a later Allocate starts it
+	// empty. Deleting an unknown pool is not an error. It returns no
+	// sentinel error.
+	DeletePool(pool types.NamespacedName) error
 }
 
 // Errors returned by AllocationStore implementations, wrapped with the pool

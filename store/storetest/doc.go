@@ -3,13 +3,15 @@
 // fs.FS.
 //
 // Run takes a constructor, calls it once per subtest for an empty store,
-// and covers every method: all-or-nothing Allocate and Free, the errors
-// they return (store.ErrPodHeld with a *store.HeldError naming the holder,
-// store.ErrNotHeld, store.ErrInvalidArgument), sorted results, DeletePool,
-// pools of the same name in two namespaces sharing nothing, claims known by
-// UID rather than name, arguments neither modified nor retained, results
-// owned by the caller, concurrent use (run it with -race), and a
-// pgregory.net/rapid state-machine test against a plain map model.
+// and covers every method of the Reader and Writer halves: all-or-nothing
+// Allocate and Free and the errors they return (store.ErrPodHeld with a
+// *store.HeldError naming the holder, store.ErrNotHeld,
+// store.ErrInvalidArgument), Count agreeing with Held, sorted results,
+// DeletePool, pools of the same name in two namespaces sharing nothing,
+// claims known by UID rather than name, arguments neither modified nor
+// retained, results owned by the caller, concurrent use (run it with
+// -race), and a pgregory.net/rapid state-machine test against a plain map
+// model.
 //
 // To check your own implementation, call Run from a test in your package:
 //

@@ -39,7 +39,7 @@ func Run(t *testing.T, newStore func() store.AllocationStore) {
 		if s == nil {
 			t.Fatal("newStore returned nil")
 		}
-		return s
+		return guard(t, s)
 	}
 	for _, tc := range []struct {
 		name string
@@ -66,6 +66,53 @@ func Run(t *testing.T, newStore func() store.AllocationStore) {
 	t.Run("Model", func(t *testing.T) { testModel(t, newStore) })
 }
 
+// guarded wraps the store under test so that every Writer call, in every
+// subtest, is checked for what it does to its pods argument: the store is
+// handed a copy, which must be unchanged when the call returns, and which
+// guarded then overwrites, so that a store that kept the slice shows the
+// overwritten names in later reads.
+type guarded struct {
+	store.AllocationStore
+	t errorer
+}
+
+// errorer is what guarded reports to: a *testing.T or a *rapid.T. Errorf
+// may be called from any goroutine.
+type errorer interface {
+	Errorf(format string, args ...any)
+}
+
+func guard(t errorer, s store.AllocationStore) store.AllocationStore {
+	return guarded{AllocationStore: s, t: t}
+}
+
+// retainedName replaces each pod name in a guarded call's argument after
+// the call returned.
+const retainedName = "storetest-overwrote-this-name-after-the-call-returned"
+
+func (g guarded) Allocate(pool types.NamespacedName, h store.Holder, pods []string) error {
+	arg := slices.Clone(pods)
+	err := g.AllocationStore.Allocate(pool, h, arg)
+	g.check("Allocate", pool, pods, arg)
+	return err
+}
+
+func (g guarded) Free(pool types.NamespacedName, uid types.UID, pods []string) error {
+	arg := slices.Clone(pods)
+	err := g.AllocationStore.Free(pool, uid, arg)
+	g.check("Free", pool, pods, arg)
+	return err
+}
+
+func (g guarded) check(call string, pool types.NamespacedName, want, got []string) {
+	if !slices.Equal(want, got) {
+		g.t.Errorf("%s(%s, …, %q) modified its pods argument to %q", call, pool, want, got)
+	}
+	for i := range got {
+		got[i] = retainedName
+	}
+}
+
 // checkPool requires that pool's state in s is exactly want (pod →
 // holder), through every read method. absent lists pods to check are held
 // by no claim; pods in want are never absent.
@@ -87,7 +134,7 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 		require.True(t, ok, "HolderOf(%s, %s): want held", pool, pod)
 		require.Equal(t, want[pod], h, "HolderOf(%s, %s)", pool, pod)
 	}
-	for _, pod := range absent {
+	for _, pod := range slices.Concat(absent, []string{retainedName}) {
 		if _, held := want[pod]; held {
 			continue
 		}
@@ -107,7 +154,10 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 		got, err := s.Held(pool, uid)
 		require.NoError(t, err, "Held(%s, %s)", pool, uid)
 		require.Equal(t, pods, got, "Held(%s, %s)", pool, uid)
+		requireCount(t, s, pool, uid, len(pods))
 	}
+	// A UID that holds nothing anywhere counts none.
+	requireCount(t, s, pool, "uid-never-used", 0)
 
 	holders, err := s.Holders(pool)
 	require.NoError(t, err, "Holders(%s)", pool)
@@ -117,6 +167,16 @@ func checkPool(t require.TestingT, s store.AllocationStore, pool types.Namespace
 	} else {
 		require.Equal(t, wantHolders, holders, "Holders(%s)", pool)
 	}
+}
+
+// requireCount requires that Count(pool, uid) is want.
+func requireCount(t require.TestingT, s store.Reader, pool types.NamespacedName, uid types.UID, want int) {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
+	n, err := s.Count(pool, uid)
+	require.NoError(t, err, "Count(%s, %s)", pool, uid)
+	require.Equal(t, want, n, "Count(%s, %s)", pool, uid)
 }
 
 // checkPools requires that Pools returns exactly want.
@@ -177,6 +237,8 @@ func testEmpty(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimX.UID)
 	require.NoError(t, err)
 	require.Empty(t, held)
+	requireCount(t, s, poolA, claimX.UID, 0)
+	requireCount(t, s, poolA, "", 0)
 	checkPools(t, s)
 	require.NoError(t, s.DeletePool(poolA), "DeletePool of an unknown pool")
 	checkPools(t, s)
@@ -268,6 +330,7 @@ func testFree(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimX.UID)
 	require.NoError(t, err)
 	require.Empty(t, held, "Held of a claim that freed all its pods")
+	requireCount(t, s, poolA, claimX.UID, 0)
 	checkPools(t, s, poolA)
 
 	// A freed pod can be allocated again, to anyone.
@@ -357,6 +420,7 @@ func testDeletePool(t *testing.T, s store.AllocationStore) {
 
 	require.NoError(t, s.DeletePool(poolA))
 	checkPool(t, s, poolA, nil, "a", "b")
+	requireCount(t, s, poolA, claimX.UID, 0)
 	checkPool(t, s, poolB, hold(claimX, "a", "b"))
 	checkPools(t, s, poolB)
 	require.ErrorIs(t, s.Free(poolA, claimX.UID, []string{"a"}), store.ErrNotHeld)
@@ -398,6 +462,7 @@ func testClaimsByUID(t *testing.T, s store.AllocationStore) {
 	held, err := s.Held(poolA, claimXAgain.UID)
 	require.NoError(t, err)
 	require.Empty(t, held)
+	requireCount(t, s, poolA, claimXAgain.UID, 0)
 	require.ErrorIs(t, s.Free(poolA, claimXAgain.UID, []string{"a"}), store.ErrNotHeld)
 	requireHeldError(t, s.Allocate(poolA, claimXAgain, []string{"c", "b"}), poolA, "b", claimX)
 
@@ -548,9 +613,16 @@ func testConcurrentAllocate(t *testing.T, s store.AllocationStore) {
 			for _, i := range rng.Perm(nPods) {
 				try([]string{pods[i]})
 			}
-			if _, err := s.Held(poolA, h.UID); err != nil {
+			held, err := s.Held(poolA, h.UID)
+			if err != nil {
 				mu.Lock()
-				failures = append(failures, fmt.Errorf("Held: %w", err))
+				failures = append(failures, fmt.Errorf("Held(%s, %s): %w", poolA, h.UID, err))
+				mu.Unlock()
+			}
+			// Only this goroutine allocates for h, and it is done.
+			if n, err := s.Count(poolA, h.UID); err != nil || n != len(held) {
+				mu.Lock()
+				failures = append(failures, fmt.Errorf("Count(%s, %s) = %d, %v; Held has %d", poolA, h.UID, n, err, len(held)))
 				mu.Unlock()
 			}
 		})
@@ -612,6 +684,10 @@ func testConcurrentPools(t *testing.T, s store.AllocationStore) {
 				}
 				if _, err := s.Holders(pool); err != nil {
 					errs <- err
+					return
+				}
+				if n, err := s.Count(pool, h.UID); err != nil || n > 2 {
+					errs <- fmt.Errorf("Count(%s, %s) = %d, %v; want at most 2", pool, h.UID, n, err)
 					return
 				}
 				if _, err := s.Pools(); err != nil {
@@ -747,6 +823,7 @@ func testModel(t *testing.T, newStore func() store.AllocationStore) {
 		if s == nil {
 			t.Fatal("newStore returned nil")
 		}
+		s = guard(t, s)
 		m := model{}
 		pool := rapid.SampledFrom(modelPools)
 
@@ -855,6 +932,13 @@ func testModel(t *testing.T, newStore func() store.AllocationStore) {
 				for i := range got { // the caller owns it
 					got[i] = "scribbled"
 				}
+			},
+			"Count": func(t *rapid.T) {
+				p := pool.Draw(t, "pool")
+				uid := rapid.SampledFrom(modelUIDs).Draw(t, "uid")
+				n, err := s.Count(p, uid)
+				require.NoError(t, err)
+				require.Equal(t, len(m.heldBy(p, uid)), n, "Count(%s, %s)", p, uid)
 			},
 			"Snapshot": func(t *rapid.T) {
 				p := pool.Draw(t, "pool")
