@@ -180,6 +180,13 @@ func (a *defaultAllocator) setProto(o client.Object) {
 
 func (a *defaultAllocator) Store() store.AllocationStore { return a.cfg.store }
 
+// lookupPool returns the pool's state, nil if the allocator has none.
+func (a *defaultAllocator) lookupPool(name types.NamespacedName) *pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pools[name]
+}
+
 func (a *defaultAllocator) getPool(name types.NamespacedName) *pool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -253,9 +260,17 @@ type pool struct {
 	// recovered is set once the pool's allocations were rebuilt from the
 	// claims' records.
 	recovered bool
-	// gen counts rounds; objects seen in a round carry its gen.
+	// gen counts rounds; objects seen in a round carry its gen (see
+	// podSeen and claimSeen).
 	gen  uint64
 	pods map[string]*podInfo
+	// podSeen lists every podInfo of the pool, the entries of pods and the
+	// newer pods waiting in their next, each at its podInfo.idx with the
+	// gen of the round that last listed it. A round finds the pods missing
+	// from its listing by scanning this array, not the podInfos.
+	podSeen []podStamp
+	// claimSeen does the same for the claims of claims (claimInfo.idx).
+	claimSeen []claimStamp
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
@@ -301,6 +316,106 @@ type pool struct {
 	tomark map[string]types.UID
 }
 
+// podStamp is a podInfo and the gen of the round that last listed it.
+type podStamp struct {
+	pi   *podInfo
+	seen uint64
+}
+
+// claimStamp is a claimInfo and the gen of the round that last listed it.
+type claimStamp struct {
+	ci   *claimInfo
+	seen uint64
+}
+
+// addPod gives pi, a new entry of pods or a newer pod in an entry's next,
+// its place in podSeen. Every podInfo of the pool has one until dropped.
+func (p *pool) addPod(pi *podInfo) {
+	pi.idx = int32(len(p.podSeen))
+	p.podSeen = append(p.podSeen, podStamp{pi: pi})
+}
+
+// removePod takes pi's place in podSeen back: pi is no longer an entry of
+// pods nor an entry's next.
+func (p *pool) removePod(pi *podInfo) {
+	if p.podStamp(pi) == nil {
+		return
+	}
+	i := pi.idx
+	last := len(p.podSeen) - 1
+	p.podSeen[i] = p.podSeen[last]
+	p.podSeen[i].pi.idx = i
+	p.podSeen[last] = podStamp{}
+	p.podSeen = p.podSeen[:last]
+	pi.idx = -1
+	if cap(p.podSeen) > 64 && len(p.podSeen) < cap(p.podSeen)/4 {
+		p.podSeen = slices.Clone(p.podSeen)
+	}
+}
+
+// seePod records that pi is listed in this round.
+func (p *pool) seePod(pi *podInfo) {
+	if s := p.podStamp(pi); s != nil {
+		s.seen = p.gen
+	}
+}
+
+// podSeenNow reports whether pi was listed in this round.
+func (p *pool) podSeenNow(pi *podInfo) bool {
+	s := p.podStamp(pi)
+	return s != nil && s.seen == p.gen
+}
+
+func (p *pool) podStamp(pi *podInfo) *podStamp {
+	if i := pi.idx; i >= 0 && int(i) < len(p.podSeen) && p.podSeen[i].pi == pi {
+		return &p.podSeen[i]
+	}
+	return nil
+}
+
+// addClaim gives ci, a new entry of claims, its place in claimSeen.
+func (p *pool) addClaim(ci *claimInfo) {
+	ci.idx = int32(len(p.claimSeen))
+	p.claimSeen = append(p.claimSeen, claimStamp{ci: ci})
+}
+
+// removeClaim takes the place of ci, no longer an entry of claims, back.
+func (p *pool) removeClaim(ci *claimInfo) {
+	if p.claimStamp(ci) == nil {
+		return
+	}
+	i := ci.idx
+	last := len(p.claimSeen) - 1
+	p.claimSeen[i] = p.claimSeen[last]
+	p.claimSeen[i].ci.idx = i
+	p.claimSeen[last] = claimStamp{}
+	p.claimSeen = p.claimSeen[:last]
+	ci.idx = -1
+	if cap(p.claimSeen) > 64 && len(p.claimSeen) < cap(p.claimSeen)/4 {
+		p.claimSeen = slices.Clone(p.claimSeen)
+	}
+}
+
+// seeClaim records that ci is listed in this round.
+func (p *pool) seeClaim(ci *claimInfo) {
+	if s := p.claimStamp(ci); s != nil {
+		s.seen = p.gen
+	}
+}
+
+// claimSeenNow reports whether ci was listed in this round.
+func (p *pool) claimSeenNow(ci *claimInfo) bool {
+	s := p.claimStamp(ci)
+	return s != nil && s.seen == p.gen
+}
+
+func (p *pool) claimStamp(ci *claimInfo) *claimStamp {
+	if i := ci.idx; i >= 0 && int(i) < len(p.claimSeen) && p.claimSeen[i].ci == ci {
+		return &p.claimSeen[i]
+	}
+	return nil
+}
+
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{
 		name:      name,
@@ -339,7 +454,8 @@ type podInfo struct {
 	// oldRVs are resourceVersions the pod had before writes of ours: a
 	// listing showing one of them is older than what we know.
 	oldRVs []string
-	seen   uint64
+	// idx is the pod's place in pool.podSeen.
+	idx int32
 	// holder is the claim holding the pod, nil when free.
 	holder *claimInfo
 	// recycling is set while the pod is given back and not yet released;
@@ -419,7 +535,8 @@ type claimInfo struct {
 	priority    int32
 	created     time.Time
 	terminating bool
-	seen        uint64
+	// idx is the claim's place in pool.claimSeen.
+	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
 	listed bool
 

@@ -302,6 +302,7 @@ func (p *pool) dropPod(pi *podInfo) {
 	}
 	pi.present = false
 	p.refreshFree(pi)
+	p.removePod(pi)
 	if next := pi.next; next != nil {
 		pi.next = nil
 		next.strays = pi.strays
@@ -420,6 +421,7 @@ func (r *round) resolveMark(pi *podInfo) {
 	if ci == nil {
 		ci = &claimInfo{uid: h.UID, name: h.Claim, held: make(map[string]*podInfo), since: r.now}
 		p.claims[h.UID] = ci
+		p.addClaim(ci)
 	}
 	if ci.held[pi.name] != nil {
 		return

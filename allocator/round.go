@@ -52,39 +52,65 @@ type round struct {
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
 	res := Result{Pool: in.Pool}
-	if err := validateInput(in); err != nil {
+	if err := validatePool(in.Pool); err != nil {
 		return res, err
 	}
-	p := a.getPool(in.Pool)
+	p := a.lookupPool(in.Pool)
+	if p == nil {
+		// A pool's first round: nothing to stamp yet, and no pool is made
+		// for an invalid input.
+		if err := validateInput(in); err != nil {
+			return res, err
+		}
+		p = a.getPool(in.Pool)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
 
-	for i := range in.Pods {
-		r.observePod(&in.Pods[i])
+	pods, claims, err := r.scan(in.Pods, in.Claims)
+	if err != nil {
+		return res, err
 	}
-	for name, pi := range p.pods {
-		if pi.seen != p.gen {
-			r.podGone(name, pi)
+	for _, pod := range pods {
+		r.observePod(pod)
+	}
+	var gone []*podInfo
+	for _, s := range p.podSeen {
+		if s.seen != p.gen && p.pods[s.pi.name] == s.pi {
+			gone = append(gone, s.pi)
 		}
+	}
+	for _, pi := range gone {
+		r.podGone(pi.name, pi)
 	}
 	if !p.recovered {
 		if err := r.recover(in.Claims); err != nil {
 			r.report()
 			return res, err
 		}
+		// Recovery made every claim anew: each one is observed.
+		claims = claims[:0]
+		for i := range in.Claims {
+			claims = append(claims, i)
+		}
 	}
-	for _, c := range in.Claims {
-		if err := r.observeClaim(c); err != nil {
+	r.setProto(in.Claims)
+	for _, i := range claims {
+		if err := r.observeClaim(in.Claims[i]); err != nil {
 			r.report()
 			return res, err
 		}
 	}
-	for _, ci := range p.claims {
-		if ci.seen != p.gen {
-			r.claimGone(ci)
+	var left []*claimInfo
+	for _, s := range p.claimSeen {
+		if s.seen != p.gen {
+			left = append(left, s.ci)
 		}
+	}
+	for _, ci := range left {
+		r.claimGone(ci)
 	}
 	r.listIdle = true
 	return r.run()
@@ -92,27 +118,32 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 
 func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, error) {
 	res := Result{Pool: ch.Pool}
-	if err := validateInput(Input{Pool: ch.Pool, Pods: ch.Pods, Claims: ch.Claims}); err != nil {
+	if err := validatePool(ch.Pool); err != nil {
 		return res, err
 	}
 	p := a.getPool(ch.Pool)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.gen++
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+	pods, claims, err := r.scan(ch.Pods, ch.Claims)
+	if err != nil {
+		return res, err
+	}
 	if !p.recovered {
 		return res, fmt.Errorf("%w: pool %s: Update before the pool's first Round", ErrInvalidInput, ch.Pool)
 	}
-	p.gen++
-	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
-	for i := range ch.Pods {
-		r.observePod(&ch.Pods[i])
+	for _, pod := range pods {
+		r.observePod(pod)
 	}
 	for _, name := range ch.DeletedPods {
 		if pi := p.pods[name]; pi != nil {
 			r.podGone(name, pi)
 		}
 	}
-	for _, c := range ch.Claims {
-		if err := r.observeClaim(c); err != nil {
+	r.setProto(ch.Claims)
+	for _, i := range claims {
+		if err := r.observeClaim(ch.Claims[i]); err != nil {
 			r.report()
 			return res, err
 		}
@@ -159,6 +190,7 @@ func (r *round) settle() {
 				delete(p.dirty, ci)
 				if p.claims[ci.uid] == ci {
 					delete(p.claims, ci.uid)
+					p.removeClaim(ci)
 					p.forget(ci)
 				}
 			}
@@ -209,44 +241,156 @@ func (r *round) settled(ci *claimInfo) bool {
 	return true
 }
 
+func validatePool(pool types.NamespacedName) error {
+	if pool.Name == "" || pool.Namespace == "" {
+		return fmt.Errorf("%w: pool %q: empty namespace or name", ErrInvalidInput, pool)
+	}
+	return nil
+}
+
+// validateInput checks a round's input (see scan) for a pool the allocator
+// does not know yet.
 func validateInput(in Input) error {
-	if in.Pool.Name == "" || in.Pool.Namespace == "" {
-		return fmt.Errorf("%w: pool %q: empty namespace or name", ErrInvalidInput, in.Pool)
+	if err := validatePool(in.Pool); err != nil {
+		return err
 	}
 	pods := make(map[string]struct{}, len(in.Pods))
 	for i := range in.Pods {
 		pod := &in.Pods[i]
-		if pod.Name == "" {
-			return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, in.Pool, i)
-		}
-		if pod.Namespace != in.Pool.Namespace {
-			return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, in.Pool, pod.Namespace, pod.Name)
+		if err := checkPod(in.Pool, i, pod); err != nil {
+			return err
 		}
 		if _, dup := pods[pod.Name]; dup {
-			return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, in.Pool, pod.Name)
+			return errPodTwice(in.Pool, pod.Name)
 		}
 		pods[pod.Name] = struct{}{}
 	}
 	uids := make(map[types.UID]struct{}, len(in.Claims))
 	for i, c := range in.Claims {
-		if c.Object == nil {
-			return fmt.Errorf("%w: pool %s: claim %d has a nil object", ErrInvalidInput, in.Pool, i)
-		}
-		name := client.ObjectKeyFromObject(c.Object)
-		switch {
-		case name.Namespace != in.Pool.Namespace:
-			return fmt.Errorf("%w: pool %s: claim %s is in another namespace", ErrInvalidInput, in.Pool, name)
-		case c.Object.GetUID() == "":
-			return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, in.Pool, name)
-		case c.Want < 0:
-			return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, in.Pool, name, c.Want)
+		if err := checkClaim(in.Pool, i, c); err != nil {
+			return err
 		}
 		if _, dup := uids[c.Object.GetUID()]; dup {
-			return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, in.Pool, name, c.Object.GetUID())
+			return errClaimTwice(in.Pool, c.Object)
 		}
 		uids[c.Object.GetUID()] = struct{}{}
 	}
 	return nil
+}
+
+func checkPod(pool types.NamespacedName, i int, pod *corev1.Pod) error {
+	if pod.Name == "" {
+		return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, pool, i)
+	}
+	if pod.Namespace != pool.Namespace {
+		return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, pool, pod.Namespace, pod.Name)
+	}
+	return nil
+}
+
+func errPodTwice(pool types.NamespacedName, name string) error {
+	return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, pool, name)
+}
+
+func checkClaim(pool types.NamespacedName, i int, c Claim) error {
+	if c.Object == nil {
+		return fmt.Errorf("%w: pool %s: claim %d has a nil object", ErrInvalidInput, pool, i)
+	}
+	if ns := c.Object.GetNamespace(); ns != pool.Namespace {
+		return fmt.Errorf("%w: pool %s: claim %s is in another namespace", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
+	}
+	switch {
+	case c.Object.GetUID() == "":
+		return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
+	case c.Want < 0:
+		return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), c.Want)
+	}
+	return nil
+}
+
+func errClaimTwice(pool types.NamespacedName, o client.Object) error {
+	return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, pool, client.ObjectKeyFromObject(o), o.GetUID())
+}
+
+// scan checks a round's pods and claims as validateInput does, stamps the
+// pods and claims the pool knows as listed in this round, and returns
+// those that observePod and observeClaim must take in: new or changed
+// ones (claims by index). A pod or claim the pool knows, unchanged, costs
+// a map lookup and a comparison. The stamps find the duplicates; a pool's
+// state is not changed when the input is refused.
+func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, error) {
+	p := r.p
+	var changedPods []*corev1.Pod
+	var newPods map[string]struct{}
+	for i := range pods {
+		pod := &pods[i]
+		if err := checkPod(p.name, i, pod); err != nil {
+			return nil, nil, err
+		}
+		pi := p.pods[pod.Name]
+		if pi == nil {
+			if newPods == nil {
+				newPods = make(map[string]struct{})
+			}
+			if _, dup := newPods[pod.Name]; dup {
+				return nil, nil, errPodTwice(p.name, pod.Name)
+			}
+			newPods[pod.Name] = struct{}{}
+			changedPods = append(changedPods, pod)
+			continue
+		}
+		if p.podSeenNow(pi) {
+			return nil, nil, errPodTwice(p.name, pod.Name)
+		}
+		p.seePod(pi)
+		if (pi.uid != pod.UID && pod.UID != "") || !pi.unchanged(pod.ResourceVersion) {
+			changedPods = append(changedPods, pod)
+		}
+	}
+	var changedClaims []int
+	var newClaims map[types.UID]struct{}
+	for i, c := range claims {
+		if err := checkClaim(p.name, i, c); err != nil {
+			return nil, nil, err
+		}
+		uid := c.Object.GetUID()
+		ci := p.claims[uid]
+		if ci == nil {
+			if newClaims == nil {
+				newClaims = make(map[types.UID]struct{})
+			}
+			if _, dup := newClaims[uid]; dup {
+				return nil, nil, errClaimTwice(p.name, c.Object)
+			}
+			newClaims[uid] = struct{}{}
+			changedClaims = append(changedClaims, i)
+			continue
+		}
+		if p.claimSeenNow(ci) {
+			return nil, nil, errClaimTwice(p.name, c.Object)
+		}
+		p.seeClaim(ci)
+		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || ci.obj == nil || !ci.listed {
+			changedClaims = append(changedClaims, i)
+		}
+	}
+	return changedPods, changedClaims, nil
+}
+
+// unchanged reports whether a listed version of pi with resourceVersion rv
+// has nothing new: the version taken in, or one older than a write of
+// ours.
+func (pi *podInfo) unchanged(rv string) bool {
+	return pi.present && rv != "" && (pi.rv == rv || slices.Contains(pi.oldRVs, rv))
+}
+
+// setProto makes the first claim of the input the pool's prototype if it
+// has none (see pool.proto).
+func (r *round) setProto(claims []Claim) {
+	if r.p.proto == nil && len(claims) > 0 {
+		r.p.proto = claims[0].Object
+		r.a.setProto(claims[0].Object)
+	}
 }
 
 // observePod records a pod of the listing. A pod whose resourceVersion did
@@ -257,11 +401,12 @@ func (r *round) observePod(pod *corev1.Pod) {
 	if pi == nil {
 		pi = &podInfo{name: pod.Name, uid: pod.UID, freeIdx: -1}
 		p.pods[pod.Name] = pi
+		p.addPod(pi)
 	} else if pi.uid != pod.UID && pod.UID != "" {
 		pi = r.newIncarnation(pi, pod.UID)
 	}
-	pi.seen = p.gen
-	if pi.present && pod.ResourceVersion != "" && (pi.rv == pod.ResourceVersion || slices.Contains(pi.oldRVs, pod.ResourceVersion)) {
+	p.seePod(pi)
+	if pi.unchanged(pod.ResourceVersion) {
 		return
 	}
 	pi.present = true
@@ -295,17 +440,26 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		old.present, old.ready = false, false
 		p.refreshFree(old)
 	}
-	old.seen = p.gen
+	p.seePod(old)
 	if old.holder == nil && old.reservedBy == nil && old.settleFor == nil {
 		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
 		}
 		p.pods[old.name] = pi
+		p.addPod(pi)
+		p.removePod(old)
+		if old.next != nil {
+			p.removePod(old.next)
+		}
 		return pi
 	}
 	if old.next == nil || old.next.uid != uid {
+		if old.next != nil {
+			p.removePod(old.next)
+		}
 		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1}
+		p.addPod(old.next)
 	}
 	return old.next
 }
@@ -313,7 +467,8 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 // podGone records that a pod left the pool.
 func (r *round) podGone(name string, pi *podInfo) {
 	p := r.p
-	if pi.next != nil && pi.next.seen != p.gen {
+	if pi.next != nil && !p.podSeenNow(pi.next) {
+		p.removePod(pi.next)
 		pi.next = nil
 	}
 	if pi.present {
@@ -392,10 +547,17 @@ func (r *round) recover(claims []Claim) error {
 	clear(p.reserved)
 	clear(p.settling)
 	p.claims = make(map[types.UID]*claimInfo, len(all))
+	for _, s := range p.claimSeen {
+		s.ci.idx = -1
+	}
+	clear(p.claimSeen)
+	p.claimSeen = p.claimSeen[:0]
 	for _, f := range all {
 		p.claims[f.ci.uid] = f.ci
+		p.addClaim(f.ci)
 		p.dirty[f.ci] = struct{}{}
-		f.ci.seen, f.ci.listed = p.gen, true
+		p.seeClaim(f.ci)
+		f.ci.listed = true
 	}
 	if r.marks() {
 		for _, f := range all {
@@ -459,6 +621,7 @@ func (p *pool) podOrNew(name string) *podInfo {
 	if pi == nil {
 		pi = &podInfo{name: name, freeIdx: -1}
 		p.pods[name] = pi
+		p.addPod(pi)
 	}
 	return pi
 }
@@ -500,10 +663,6 @@ func (r *round) observeClaim(c Claim) error {
 	o := c.Object
 	uid, rv := o.GetUID(), o.GetResourceVersion()
 	ci := p.claims[uid]
-	if p.proto == nil {
-		p.proto = o
-		r.a.setProto(o)
-	}
 	switch {
 	case ci == nil && rvNum(rv) < p.forgotten[uid]:
 		// A stale copy of a claim that left the pool: nothing to learn.
@@ -516,6 +675,7 @@ func (r *round) observeClaim(c Claim) error {
 		}
 		ci.release, ci.released = rec.Release, rec.Released
 		p.claims[uid] = ci
+		p.addClaim(ci)
 		p.dirty[ci] = struct{}{}
 		ci.listed = true
 		if r.marks() {
@@ -546,7 +706,7 @@ func (r *round) observeClaim(c Claim) error {
 	case !ci.listed:
 		p.dirty[ci] = struct{}{}
 	}
-	ci.seen = p.gen
+	p.seeClaim(ci)
 	ci.listed = true
 	return nil
 }
