@@ -139,7 +139,7 @@ func New(c client.Client, opts ...Option) (Allocator, error) {
 	return &defaultAllocator{
 		cfg:        cfg,
 		pools:      make(map[types.NamespacedName]*pool),
-		claimPools: make(map[types.UID]map[types.NamespacedName]struct{}),
+		claimPools: make(map[types.UID]*types.NamespacedName),
 	}, nil
 }
 
@@ -152,10 +152,13 @@ type defaultAllocator struct {
 	// before, and held only for map access.
 	mu    sync.Mutex
 	pools map[types.NamespacedName]*pool
-	// claimPools records, for each claim holding pods, the pools they are
-	// in. A claim moved from pool A to pool B is served in B only when it
-	// holds nothing in A any more.
-	claimPools map[types.UID]map[types.NamespacedName]struct{}
+	// claimPools records, for each claim holding pods, a pool they are in
+	// (pointing to the name its pool state keeps), and morePools the other
+	// pools, for the rare claim that holds pods in several. A claim moved
+	// from pool A to pool B is served in B only when it holds nothing in A
+	// any more.
+	claimPools map[types.UID]*types.NamespacedName
+	morePools  map[types.UID][]types.NamespacedName
 
 	// protoMu guards protoObj: a claim listed in some pool, whose Go type
 	// and kind serve to read claims known only from pod marks in pools
@@ -207,7 +210,7 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 		defer p.mu.Unlock()
 		for _, c := range p.claims {
 			if len(c.held) > 0 {
-				a.setHolds(c.uid, name, false)
+				a.setHolds(c.uid, &p.name, false)
 			}
 		}
 	}
@@ -220,22 +223,41 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 	return nil
 }
 
-// setHolds records whether claim uid holds pods in pool.
-func (a *defaultAllocator) setHolds(uid types.UID, name types.NamespacedName, holds bool) {
+// setHolds records whether claim uid holds pods in pool name.
+func (a *defaultAllocator) setHolds(uid types.UID, name *types.NamespacedName, holds bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := a.claimPools[uid]
+	first := a.claimPools[uid]
+	more := a.morePools[uid]
 	if holds {
-		if m == nil {
-			m = make(map[types.NamespacedName]struct{}, 1)
-			a.claimPools[uid] = m
+		switch {
+		case first == nil:
+			a.claimPools[uid] = name
+		case *first != *name && !slices.Contains(more, *name):
+			if a.morePools == nil {
+				a.morePools = make(map[types.UID][]types.NamespacedName)
+			}
+			a.morePools[uid] = append(more, *name)
 		}
-		m[name] = struct{}{}
 		return
 	}
-	delete(m, name)
-	if len(m) == 0 {
+	switch {
+	case first == nil:
+		return
+	case *first == *name && len(more) == 0:
 		delete(a.claimPools, uid)
+		return
+	case *first == *name:
+		next := more[0]
+		a.claimPools[uid] = &next
+		more = more[1:]
+	default:
+		more = slices.DeleteFunc(more, func(n types.NamespacedName) bool { return n == *name })
+	}
+	if len(more) == 0 {
+		delete(a.morePools, uid)
+	} else {
+		a.morePools[uid] = more
 	}
 }
 
@@ -243,7 +265,10 @@ func (a *defaultAllocator) setHolds(uid types.UID, name types.NamespacedName, ho
 func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for other := range a.claimPools[uid] {
+	if first := a.claimPools[uid]; first != nil && *first != name {
+		return *first, true
+	}
+	for _, other := range a.morePools[uid] {
 		if other != name {
 			return other, true
 		}

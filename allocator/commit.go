@@ -475,7 +475,7 @@ func (r *round) apply(w *write) {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
 			}
 		}
-		r.a.setHolds(ci.uid, p.name, len(ci.held) > 0)
+		r.a.setHolds(ci.uid, &p.name, len(ci.held) > 0)
 		ci.untrusted, ci.rewrite = nil, false
 		if w.obj != nil {
 			ci.unsettled = false

@@ -191,7 +191,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 		return false
 	}
 	r.hold(ci, name)
-	r.a.setHolds(ci.uid, r.p.name, true)
+	r.a.setHolds(ci.uid, &r.p.name, true)
 	return true
 }
 
@@ -203,7 +203,7 @@ func (r *round) drop(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	r.unhold(ci, pi.name, 0)
-	r.a.setHolds(ci.uid, r.p.name, len(ci.held) > 0)
+	r.a.setHolds(ci.uid, &r.p.name, len(ci.held) > 0)
 	r.p.dirty[ci] = struct{}{}
 }
 

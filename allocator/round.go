@@ -592,7 +592,7 @@ func (r *round) recover(claims []Claim) error {
 		for _, pod := range f.held {
 			r.hold(f.ci, pod)
 		}
-		a.setHolds(f.ci.uid, p.name, true)
+		a.setHolds(f.ci.uid, &p.name, true)
 	}
 	p.recovered = true
 	return nil
@@ -874,7 +874,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 		for _, n := range names {
 			r.hold(ci, n)
 		}
-		r.a.setHolds(ci.uid, r.p.name, true)
+		r.a.setHolds(ci.uid, &r.p.name, true)
 		return
 	}
 	for _, pi := range pods {
