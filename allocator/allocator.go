@@ -505,6 +505,8 @@ type podInfo struct {
 	// this one to be released: it takes this entry's place then.
 	next    *podInfo
 	freeIdx int
+	// heldIdx is the pod's place in holder.held.
+	heldIdx int32
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
@@ -565,9 +567,10 @@ type claimInfo struct {
 	// listed is whether the claim was in the latest listing of this pool.
 	listed bool
 
-	// held are the pods the claim holds in this pool: a mirror of the
-	// store.
-	held map[string]*podInfo
+	// held are the pods the claim holds in this pool, in no order: a
+	// mirror of the store. Each knows its place (podInfo.heldIdx); see
+	// pool.heldPod to find one by name.
+	held []*podInfo
 	// release is the owner's release list, as last decoded.
 	release []string
 	// released is the released list as last written or read.

@@ -89,9 +89,9 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	}
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
-			for name, pi := range ci.held {
+			for _, pi := range ci.held {
 				if !pi.present && !pi.recycling {
-					get(ci).drop = append(get(ci).drop, name)
+					get(ci).drop = append(get(ci).drop, pi.name)
 				}
 			}
 		}
@@ -204,9 +204,9 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 			}
 		}
 	} else {
-		for name := range ci.held {
-			if _, ok := gone[name]; !ok {
-				allocated = append(allocated, name)
+		for _, pi := range ci.held {
+			if _, ok := gone[pi.name]; !ok {
+				allocated = append(allocated, pi.name)
 			}
 		}
 	}
@@ -352,7 +352,7 @@ func (r *round) apply(w *write) {
 		ci.terminating = true // safe to learn from a live read: it never reverts
 	}
 	for _, name := range w.done {
-		if pi := ci.held[name]; pi != nil {
+		if pi := p.heldPod(ci, name); pi != nil {
 			pi.recycled = true
 		}
 	}

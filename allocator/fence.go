@@ -95,8 +95,10 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 	ci.recRV = rv
 	ci.released = rec.Released
 	held := rec.Held()
-	for name, pi := range ci.held {
-		if slices.Contains(held, name) {
+	// Backwards: toSettle takes pi out of ci.held, and only pi.
+	for i := len(ci.held) - 1; i >= 0; i-- {
+		pi := ci.held[i]
+		if slices.Contains(held, pi.name) {
 			continue
 		}
 		// The newer record no longer lists a pod ci held: whoever wrote it,
@@ -105,7 +107,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 	}
 	var strays []string
 	for _, name := range held {
-		if ci.held[name] != nil {
+		if r.p.heldPod(ci, name) != nil {
 			continue
 		}
 		if !r.takeName(ci, name, false) {
@@ -356,7 +358,7 @@ func (r *round) verifyPods() {
 			r.observePod(&j.pod)
 		}
 		for _, ci := range verify[j.pi] {
-			if !slices.Contains(ci.strays, j.pi.name) || ci.held[j.pi.name] != nil {
+			if !slices.Contains(ci.strays, j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
 				continue
 			}
 			if r.takeName(ci, j.pi.name, true) {
@@ -419,11 +421,11 @@ func (r *round) resolveMark(pi *podInfo) {
 	}
 	ci := p.claims[h.UID]
 	if ci == nil {
-		ci = &claimInfo{uid: h.UID, name: h.Claim, held: make(map[string]*podInfo), since: r.now}
+		ci = &claimInfo{uid: h.UID, name: h.Claim, since: r.now}
 		p.claims[h.UID] = ci
 		p.addClaim(ci)
 	}
-	if ci.held[pi.name] != nil {
+	if p.heldPod(ci, pi.name) != nil {
 		return
 	}
 	if !ci.listed {
@@ -500,7 +502,7 @@ func (r *round) confirmClaims() {
 		}
 		var taken []string
 		for _, name := range j.names {
-			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && j.ci.held[name] == nil &&
+			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && r.p.heldPod(j.ci, name) == nil &&
 				r.takeName(j.ci, name, true) {
 				taken = append(taken, name)
 			}

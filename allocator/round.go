@@ -227,13 +227,13 @@ func (r *round) settled(ci *claimInfo) bool {
 		return false
 	}
 	for _, pod := range ci.release {
-		if _, done := ci.consumed[pod]; !done && ci.held[pod] != nil {
+		if _, done := ci.consumed[pod]; !done && r.p.heldPod(ci, pod) != nil {
 			return false
 		}
 	}
 	if r.a.cfg.replaceLost {
-		for name := range ci.held {
-			if _, lost := r.p.lost[name]; lost {
+		for _, pi := range ci.held {
+			if _, lost := r.p.lost[pi.name]; lost {
 				return false
 			}
 		}
@@ -608,7 +608,6 @@ func newClaimInfo(c Claim) *claimInfo {
 		priority:    c.Priority,
 		created:     o.GetCreationTimestamp().Time,
 		terminating: o.GetDeletionTimestamp() != nil,
-		held:        make(map[string]*podInfo),
 	}
 	ci.addRV(o.GetResourceVersion())
 	return ci
@@ -629,20 +628,54 @@ func (p *pool) podOrNew(name string) *podInfo {
 // hold mirrors in memory that ci holds pod; the store already says so.
 func (r *round) hold(ci *claimInfo, pod string) {
 	pi := r.p.podOrNew(pod)
-	pi.holder = ci
-	ci.held[pod] = pi
+	if pi.holder != ci {
+		if pi.holder != nil {
+			pi.holder.removeHeld(pi)
+		}
+		pi.holder = ci
+		pi.heldIdx = int32(len(ci.held))
+		ci.held = append(ci.held, pi)
+	}
 	r.p.refreshFree(pi)
+}
+
+// heldPod returns the pod ci holds under name, nil if it holds none. The
+// pods a claim holds are the entries of pods whose holder it is.
+func (p *pool) heldPod(ci *claimInfo, name string) *podInfo {
+	if pi := p.pods[name]; pi != nil && pi.holder == ci {
+		return pi
+	}
+	return nil
+}
+
+// removeHeld takes pi, which c holds, out of c.held.
+func (c *claimInfo) removeHeld(pi *podInfo) {
+	i := pi.heldIdx
+	last := len(c.held) - 1
+	if i < 0 || int(i) > last || c.held[i] != pi {
+		return
+	}
+	c.held[i] = c.held[last]
+	c.held[i].heldIdx = i
+	c.held[last] = nil
+	c.held = c.held[:last]
+	pi.heldIdx = -1
+	if last == 0 {
+		c.held = nil
+	} else if cap(c.held) > 8 && last < cap(c.held)/4 {
+		c.held = slices.Clone(c.held)
+	}
 }
 
 // unhold mirrors in memory that ci no longer holds pod; the store already
 // says so. With pod marks, a fence other than 0 queues the removal of the
 // pod's mark (see unmarkEntry).
 func (r *round) unhold(ci *claimInfo, pod string, fence uint64) {
-	pi := ci.held[pod]
+	pi := r.p.heldPod(ci, pod)
 	if pi == nil {
 		return
 	}
-	delete(ci.held, pod)
+	ci.removeHeld(pi)
 	pi.holder = nil
 	if fence != 0 {
 		r.queueUnmark(pi, ci.uid, fence)
@@ -731,7 +764,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	var extra []string
 	inRecord := 0
 	for _, pod := range rec.Held() {
-		if _, ok := ci.held[pod]; ok {
+		if r.p.heldPod(ci, pod) != nil {
 			inRecord++
 			continue
 		}
@@ -930,8 +963,8 @@ func (r *round) plan() (algorithm.Action, error) {
 		keep := len(ci.held) - ci.recycling
 		var lost int
 		if replace {
-			for name := range ci.held {
-				if _, ok := p.lost[name]; ok {
+			for _, pi := range ci.held {
+				if _, ok := p.lost[pi.name]; ok {
 					lost++
 				}
 			}
@@ -941,7 +974,7 @@ func (r *round) plan() (algorithm.Action, error) {
 			if _, done := ci.consumed[pod]; done {
 				continue
 			}
-			if pi := ci.held[pod]; pi != nil && !pi.recycling && !slices.Contains(release, pod) {
+			if pi := p.heldPod(ci, pod); pi != nil && !pi.recycling && !slices.Contains(release, pod) {
 				release = append(release, pod)
 			}
 		}
@@ -949,7 +982,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			continue
 		}
 		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.created}
-		for name, pi := range ci.held {
+		for _, pi := range ci.held {
+			name := pi.name
 			if pi.recycling {
 				continue
 			}
@@ -1021,7 +1055,7 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			return fmt.Errorf("release from claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
-			if pi := ci.held[pod]; pi == nil || pi.recycling {
+			if pi := r.p.heldPod(ci, pod); pi == nil || pi.recycling {
 				return fmt.Errorf("claim %s: released pod %s is not held", ci.name, pod)
 			}
 			if _, dup := taken[pod]; dup {
@@ -1047,7 +1081,7 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 	for _, g := range grants {
 		ci := r.p.claims[g.UID]
 		for _, pod := range g.Pods {
-			r.startRecycling(ci, ci.held[pod])
+			r.startRecycling(ci, r.p.heldPod(ci, pod))
 		}
 	}
 }
