@@ -311,6 +311,8 @@ type pool struct {
 	// proto is a claim of the pool as listed: its Go type and kind are
 	// used to read claims known only from pod marks.
 	proto client.Object
+	// kinds are the Go types and kinds of the pool's claims (claimMeta).
+	kinds []*claimKind
 	// anyProto returns a claim listed in any pool, when this pool has none.
 	anyProto func() client.Object
 
@@ -551,8 +553,11 @@ type claimInfo struct {
 	uid  types.UID
 	name types.NamespacedName
 	// obj is the newest version of the claim known: from the listing, a
-	// write, or a live read. Writes are based on it.
-	obj client.Object
+	// write, or a live read. Writes are based on it. With the annotation
+	// syncer it is nil and meta keeps what writes need of it (see
+	// claimobj.go); object returns it either way.
+	obj  client.Object
+	meta *claimMeta
 	// rvs are resourceVersions already processed, newest last. A listed
 	// object with one of them is unchanged or older than obj: its record is
 	// not decoded again.
@@ -641,8 +646,8 @@ const maxForgotten = 4096
 // pool.
 func (p *pool) forget(ci *claimInfo) {
 	rv := ci.recRV
-	if ci.obj != nil {
-		rv = max(rv, rvNum(ci.obj.GetResourceVersion()))
+	if ci.known() {
+		rv = max(rv, rvNum(ci.objRV()))
 	}
 	if rv == 0 {
 		return

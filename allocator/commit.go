@@ -100,7 +100,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 		// A terminating claim that holds nothing but still carries the
 		// finalizer (a removal that failed, or a restart) gets it removed.
-		if ci.listed && ci.terminating && len(ci.held) == 0 && r.a.cfg.syncer.HasFinalizer(ci.obj) {
+		if ci.listed && ci.terminating && len(ci.held) == 0 && r.hasFinalizer(ci) {
 			get(ci)
 		}
 	}
@@ -120,11 +120,11 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
-			if r.marks() && ci.obj != nil {
+			if r.marks() && ci.known() {
 				// A write adds a pod only under a mark newer than the
 				// version it replaces: no one can have settled the pod
 				// since (that write would be newer).
-				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.obj.GetResourceVersion()) < pi.markRV
+				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.objRV()) < pi.markRV
 			}
 		}
 		if !ok {
@@ -141,7 +141,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		if frozen[ci] {
 			continue
 		}
-		if ci.obj != nil && ci.obj.GetDeletionTimestamp() != nil {
+		if ci.objDeleted() {
 			w.add = nil // I8: a terminating claim gets nothing new
 		}
 		slices.Sort(w.adopt)
@@ -171,14 +171,15 @@ func compareNames(x, y *claimInfo) int {
 }
 
 // desired is the record and finalizer state w asks for, given base, the
-// claim version the write is based on. The pods come from the allocator's
-// own view (the store), never from base's record, so a tampered record is
+// claim version the write is based on (own: the newest version of the
+// claim the allocator knows). The pods come from the allocator's own view
+// (the store), never from base's record, so a tampered record is
 // overwritten rather than trusted; only the owner's release list is read
 // from base.
-func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
+func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, bool) {
 	ci := w.ci
 	release := ci.release
-	if base != ci.obj {
+	if !own {
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			release = rec.Release
 		}
@@ -250,7 +251,8 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 // for the next round, when the listing shows the new version.
 func (r *round) do(w *write) {
 	s := r.a.cfg.syncer
-	base := w.ci.obj
+	base := w.ci.object()
+	own := base != nil
 	if base == nil {
 		// A claim known only from its pods' marks.
 		if w.ci.gone {
@@ -274,12 +276,12 @@ func (r *round) do(w *write) {
 			w.err = fmt.Errorf("read claim: %w", err)
 			return
 		}
-		base, w.fresh = live, live
+		base, w.fresh, own = live, live, false
 	}
 	if base.GetDeletionTimestamp() != nil {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
-	rec, fin := r.desired(w, base)
+	rec, fin := r.desired(w, base, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
 		!w.ci.rewrite && fin == s.HasFinalizer(base) {
 		w.obj, w.rec = base, rec
@@ -410,7 +412,7 @@ func (r *round) apply(w *write) {
 			after = w.fresh
 		}
 		if w.obj != nil && ci.listed {
-			ci.obj = w.obj
+			p.setObj(ci, w.obj, r.a.cfg)
 			ci.addRV(w.obj.GetResourceVersion())
 			if w.obj.GetDeletionTimestamp() != nil {
 				ci.terminating = true

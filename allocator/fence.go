@@ -476,7 +476,7 @@ func (r *round) confirmClaims() {
 	slices.SortFunc(jobs, func(x, y *job) int { return compareNames(x.ci, y.ci) })
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		base := j.ci.obj
+		base := j.ci.object()
 		if base == nil {
 			j.err = errNoProto
 			return

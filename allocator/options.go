@@ -113,6 +113,12 @@ type config struct {
 	writers     int
 	replaceLost bool
 	zoneLabel   string
+
+	// slimKeys are the keys of the syncer when it is the annotation
+	// syncer (see claimMeta), and ourFinalizers is a list of just its
+	// finalizer, shared by the claims that carry only that one.
+	slimKeys      *syncer.Keys
+	ourFinalizers []string
 }
 
 // WithStore replaces the in-memory store.
@@ -276,6 +282,11 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 		cfg.syncer = s
+	}
+	if s, ok := cfg.syncer.(*syncer.AnnotationSyncer); ok {
+		keys := s.Keys()
+		cfg.slimKeys = &keys
+		cfg.ourFinalizers = []string{keys.Finalizer}
 	}
 	if cfg.store == nil {
 		cfg.store = store.NewInMemory()

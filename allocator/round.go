@@ -221,7 +221,7 @@ func (r *round) settled(ci *claimInfo) bool {
 		return false
 	}
 	if ci.terminating {
-		return len(ci.held) == 0 && !r.a.cfg.syncer.HasFinalizer(ci.obj)
+		return len(ci.held) == 0 && !r.hasFinalizer(ci)
 	}
 	if len(ci.held) != ci.want {
 		return false
@@ -370,7 +370,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, e
 			return nil, nil, errClaimTwice(p.name, c.Object)
 		}
 		p.seeClaim(ci)
-		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || ci.obj == nil || !ci.listed {
+		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || !ci.known() || !ci.listed {
 			changedClaims = append(changedClaims, i)
 		}
 	}
@@ -516,7 +516,7 @@ func (r *round) recover(claims []Claim) error {
 	all := make([]found, 0, len(claims))
 	owner := make(map[string]*claimInfo)
 	for _, c := range claims {
-		ci := newClaimInfo(c)
+		ci := r.newClaimInfo(c)
 		rec, err := r.readRecord(ci, c.Object)
 		if err != nil {
 			return err
@@ -561,7 +561,7 @@ func (r *round) recover(claims []Claim) error {
 	}
 	if r.marks() {
 		for _, f := range all {
-			r.takeIn(f.ci, f.rec, rvNum(f.ci.obj.GetResourceVersion()))
+			r.takeIn(f.ci, f.rec, rvNum(f.ci.objRV()))
 		}
 		for _, pi := range p.pods {
 			r.resolveMark(pi)
@@ -598,17 +598,17 @@ func (r *round) recover(claims []Claim) error {
 	return nil
 }
 
-func newClaimInfo(c Claim) *claimInfo {
+func (r *round) newClaimInfo(c Claim) *claimInfo {
 	o := c.Object
 	ci := &claimInfo{
 		uid:         o.GetUID(),
 		name:        client.ObjectKeyFromObject(o),
-		obj:         o,
 		want:        c.Want,
 		priority:    c.Priority,
 		created:     o.GetCreationTimestamp().Time,
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
+	r.p.setObj(ci, o, r.a.cfg)
 	ci.addRV(o.GetResourceVersion())
 	return ci
 }
@@ -701,7 +701,7 @@ func (r *round) observeClaim(c Claim) error {
 		// A stale copy of a claim that left the pool: nothing to learn.
 		return nil
 	case ci == nil:
-		ci = newClaimInfo(c)
+		ci = r.newClaimInfo(c)
 		rec, err := r.readRecord(ci, o)
 		if err != nil {
 			return err
@@ -716,12 +716,12 @@ func (r *round) observeClaim(c Claim) error {
 		} else {
 			r.checkRecord(ci, rec)
 		}
-	case rv == "" || !ci.sawRV(rv) || ci.obj == nil:
+	case rv == "" || !ci.sawRV(rv) || !ci.known():
 		rec, err := r.readRecord(ci, o)
 		if err != nil {
 			return err
 		}
-		ci.obj = o
+		p.setObj(ci, o, r.a.cfg)
 		ci.addRV(rv)
 		ci.setRelease(rec.Release)
 		ci.want, ci.priority = c.Want, c.Priority
@@ -832,8 +832,8 @@ func (r *round) settleReservations() {
 	}
 	for ci, pods := range r.reservationsByClaim() {
 		var held []string
-		if ci.obj != nil {
-			if rec, err := r.a.cfg.syncer.Read(ci.obj); err == nil {
+		if o := ci.object(); o != nil {
+			if rec, err := r.a.cfg.syncer.Read(o); err == nil {
 				held = rec.Held()
 			}
 		}
@@ -848,7 +848,7 @@ func (r *round) settleReservations() {
 			}
 		}
 		if len(due) > 0 {
-			base := ci.obj
+			base := ci.object()
 			if base == nil {
 				base = r.p.protoFor(ci)
 			}
@@ -1111,7 +1111,7 @@ func (r *round) queueOrphans() {
 // probe reads a claim known only from pod marks live, to learn whether it
 // still exists.
 func (r *round) probe(ci *claimInfo) {
-	base := ci.obj
+	base := ci.object()
 	if base == nil {
 		base = r.p.protoFor(ci)
 	}
