@@ -543,8 +543,12 @@ func (p *pool) refreshFree(pi *podInfo) {
 		moved := p.free[last]
 		p.free[pi.freeIdx] = moved
 		p.pods[moved.Name].freeIdx = pi.freeIdx
+		p.free[last] = algorithm.Candidate{}
 		p.free = p.free[:last]
 		pi.freeIdx = -1
+		if cap(p.free) > 64 && last < cap(p.free)/4 {
+			p.free = slices.Clone(p.free) // let the memory of a larger pool go
+		}
 	}
 }
 

@@ -188,6 +188,9 @@ func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
 
 // allocate records in the store and the pool that ci holds pod name.
 func (r *round) allocate(ci *claimInfo, name string) bool {
+	if pi := r.p.pods[name]; pi != nil {
+		name = pi.name // the pod's own string, not the record's copy
+	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
 		r.errs = append(r.errs, r.claimErr(ci, err))
 		return false

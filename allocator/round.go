@@ -586,6 +586,11 @@ func (r *round) recover(claims []Claim) error {
 		if len(f.held) == 0 {
 			continue
 		}
+		for i, name := range f.held {
+			if pi := p.pods[name]; pi != nil {
+				f.held[i] = pi.name // the pod's own string, not the record's copy
+			}
+		}
 		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
 			return fmt.Errorf("pool %s: recover claim %s: %w", p.name, f.ci.name, err)
 		}
@@ -600,9 +605,10 @@ func (r *round) recover(claims []Claim) error {
 
 func (r *round) newClaimInfo(c Claim) *claimInfo {
 	o := c.Object
+	// The claim's namespace is the pool's (checked): one string for all.
 	ci := &claimInfo{
 		uid:         o.GetUID(),
-		name:        client.ObjectKeyFromObject(o),
+		name:        types.NamespacedName{Namespace: r.p.name.Namespace, Name: o.GetName()},
 		want:        c.Want,
 		priority:    c.Priority,
 		created:     o.GetCreationTimestamp().Time,
@@ -1016,6 +1022,9 @@ func (r *round) plan() (algorithm.Action, error) {
 	// edits its input in place must not reorder the pool's own list, and
 	// its action is checked against the pool's state, not against positions
 	// in that list.
+	if cap(p.offer) > 64 && len(p.free) < cap(p.offer)/4 {
+		p.offer = nil // let the memory of a larger pool go
+	}
 	p.offer = append(p.offer[:0], p.free...)
 	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.offer, Requests: reqs})
 	if err != nil {
