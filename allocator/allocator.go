@@ -341,6 +341,8 @@ type pool struct {
 	settling map[string]*podInfo
 	// tomark holds held pods recovered from records that carry no mark yet.
 	tomark map[string]types.UID
+	// places are the pods' podPlaces.
+	places map[podPlace]*podPlace
 }
 
 // podStamp is a podInfo and the gen of the round that last listed it.
@@ -462,12 +464,14 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 // podInfo is what the pool knows of a pod: from the listing, and whether a
 // claim holds it (a mirror of the store, kept in step with it).
 type podInfo struct {
-	name, node, zone string
+	name string
+	// place is the pod's node and zone, shared with the pool's other pods
+	// there.
+	place *podPlace
 	// uid is the pod's UID: a pod listed under a known name with another
 	// UID is a new pod (see next).
-	uid            types.UID
-	rv             string
-	present, ready bool
+	uid types.UID
+	rv  string
 	// mark is the pod's mark annotation as last seen or written (only with
 	// pod marks): "<claim name>/<claim uid>".
 	mark string
@@ -475,40 +479,103 @@ type podInfo struct {
 	// its value: the pod's resourceVersion when the allocator first saw
 	// the value, or its own write of it. 0 when unknown or unmarked.
 	markRV uint64
-	// markOwn is set while mark is a value this allocator wrote itself at
-	// exactly markRV.
-	markOwn bool
-	// oldRVs are resourceVersions the pod had before writes of ours: a
-	// listing showing one of them is older than what we know.
-	oldRVs []string
-	// idx is the pod's place in pool.podSeen.
-	idx int32
 	// holder is the claim holding the pod, nil when free.
 	holder *claimInfo
-	// recycling is set while the pod is given back and not yet released;
-	// recycled once the recycler reported it done, so that a failed
-	// release write does not recycle it twice.
-	recycling, recycled bool
 	// reservedBy is set while a write that may have handed the pod to that
 	// claim has an unknown outcome: the pod is not a candidate until the
-	// outcome is settled, no earlier than reservedUntil.
-	reservedBy    *claimInfo
-	reservedUntil time.Time
+	// outcome is settled, no earlier than reservedUntil (see reserve).
+	reservedBy *claimInfo
 	// settleFor is set (pod marks) while the pod is marked for that claim
 	// but its record does not list it as held: whoever marked it, the pod
 	// is recycled for that claim and recorded as released before the mark
 	// is removed (DESIGN I13).
 	settleFor *claimInfo
+	// next is a newer pod under the same name (another UID), waiting for
+	// this one to be released: it takes this entry's place then.
+	next *podInfo
+	// more is what few pods need, nil when empty.
+	more *podMore
 	// strays counts the claims whose record lists the pod as held although
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
-	strays int
-	// next is a newer pod under the same name (another UID), waiting for
-	// this one to be released: it takes this entry's place then.
-	next    *podInfo
-	freeIdx int
-	// heldIdx is the pod's place in holder.held.
-	heldIdx int32
+	strays int32
+	// idx is the pod's place in pool.podSeen, freeIdx in pool.free (-1
+	// when not there), heldIdx in holder.held.
+	idx, freeIdx, heldIdx int32
+	present, ready        bool
+	// markOwn is set while mark is a value this allocator wrote itself at
+	// exactly markRV.
+	markOwn bool
+	// recycling is set while the pod is given back and not yet released;
+	// recycled once the recycler reported it done, so that a failed
+	// release write does not recycle it twice.
+	recycling, recycled bool
+}
+
+// podMore is what a podInfo needs only for some pods.
+type podMore struct {
+	// oldRVs are resourceVersions the pod had before writes of ours: a
+	// listing showing one of them is older than what we know.
+	oldRVs []string
+	// reservedUntil is the end of the pod's reservation (reservedBy).
+	reservedUntil time.Time
+}
+
+func (pi *podInfo) oldRVs() []string {
+	if pi.more == nil {
+		return nil
+	}
+	return pi.more.oldRVs
+}
+
+func (pi *podInfo) reservedUntil() time.Time {
+	if pi.more == nil {
+		return time.Time{}
+	}
+	return pi.more.reservedUntil
+}
+
+// reserve reserves pi for ci until the given time, or with a nil ci and a
+// zero time ends its reservation.
+func (pi *podInfo) reserve(ci *claimInfo, until time.Time) {
+	pi.reservedBy = ci
+	switch {
+	case pi.more == nil && !until.IsZero():
+		pi.more = &podMore{reservedUntil: until}
+	case pi.more != nil:
+		pi.more.reservedUntil = until
+		if until.IsZero() && len(pi.more.oldRVs) == 0 {
+			pi.more = nil
+		}
+	}
+}
+
+// podPlace is where a pod runs.
+type podPlace struct{ node, zone string }
+
+// maxPlaces bounds pool.places.
+const maxPlaces = 1 << 14
+
+// placeOf returns the podPlace of node and zone that the pool's pods
+// share.
+func (p *pool) placeOf(node, zone string) *podPlace {
+	k := podPlace{node: node, zone: zone}
+	if pl := p.places[k]; pl != nil {
+		return pl
+	}
+	if p.places == nil || len(p.places) >= maxPlaces {
+		p.places = make(map[podPlace]*podPlace)
+	}
+	p.places[k] = &k
+	return &k
+}
+
+func (pi *podInfo) candidateOf() algorithm.Candidate {
+	c := algorithm.Candidate{Name: pi.name}
+	if pi.place != nil {
+		c.Node, c.Zone = pi.place.node, pi.place.zone
+	}
+	return c
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
@@ -534,19 +601,19 @@ func (p *pool) refreshFree(pi *podInfo) {
 	want := p.candidate(pi)
 	switch {
 	case want && pi.freeIdx < 0:
-		pi.freeIdx = len(p.free)
-		p.free = append(p.free, algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone})
+		pi.freeIdx = int32(len(p.free))
+		p.free = append(p.free, pi.candidateOf())
 	case want:
-		p.free[pi.freeIdx] = algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone}
+		p.free[pi.freeIdx] = pi.candidateOf()
 	case !want && pi.freeIdx >= 0:
-		last := len(p.free) - 1
+		last := int32(len(p.free) - 1)
 		moved := p.free[last]
 		p.free[pi.freeIdx] = moved
 		p.pods[moved.Name].freeIdx = pi.freeIdx
 		p.free[last] = algorithm.Candidate{}
 		p.free = p.free[:last]
 		pi.freeIdx = -1
-		if cap(p.free) > 64 && last < cap(p.free)/4 {
+		if cap(p.free) > 64 && int(last) < cap(p.free)/4 {
 			p.free = slices.Clone(p.free) // let the memory of a larger pool go
 		}
 	}

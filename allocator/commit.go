@@ -401,7 +401,7 @@ func (r *round) apply(w *write) {
 			ci.unsettled = true
 			for _, name := range w.add {
 				pi := p.pods[name]
-				pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+				pi.reserve(ci, r.now.Add(Quarantine))
 				p.reserved[name] = pi
 				p.refreshFree(pi)
 			}
@@ -461,7 +461,7 @@ func (r *round) apply(w *write) {
 		}
 		for _, name := range w.adopt {
 			pi := p.pods[name]
-			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			pi.reserve(nil, time.Time{})
 			delete(p.reserved, name)
 		}
 		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now

@@ -238,7 +238,7 @@ func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	if pi.reservedBy != nil {
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
 	pi.settleFor, pi.recycled = ci, false
@@ -410,7 +410,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		if pi.reservedBy.uid == h.UID {
 			return
 		}
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(p.reserved, pi.name)
 	}
 	if pi.settleFor != nil {
@@ -444,7 +444,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		return
 	}
 	// The mark is newer than the record known: a hand-out may be in flight.
-	pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+	pi.reserve(ci, r.now.Add(Quarantine))
 	p.reserved[pi.name] = pi
 	p.dirty[ci] = struct{}{}
 	p.refreshFree(pi)

@@ -381,7 +381,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, e
 // has nothing new: the version taken in, or one older than a write of
 // ours.
 func (pi *podInfo) unchanged(rv string) bool {
-	return pi.present && rv != "" && (pi.rv == rv || slices.Contains(pi.oldRVs, rv))
+	return pi.present && rv != "" && (pi.rv == rv || slices.Contains(pi.oldRVs(), rv))
 }
 
 // setProto makes the first claim of the input the pool's prototype if it
@@ -423,9 +423,15 @@ func (r *round) observePod(pod *corev1.Pod) {
 		}
 	}
 	pi.ready = r.a.cfg.ready(pod)
-	pi.node = pod.Spec.NodeName
+	node, zone := pod.Spec.NodeName, ""
+	if pi.place != nil {
+		zone = pi.place.zone
+	}
 	if r.a.cfg.zoneLabel != "" {
-		pi.zone = pod.Labels[r.a.cfg.zoneLabel]
+		zone = pod.Labels[r.a.cfg.zoneLabel]
+	}
+	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
+		pi.place = p.placeOf(node, zone)
 	}
 	p.refreshFree(pi)
 }
@@ -849,7 +855,7 @@ func (r *round) settleReservations() {
 			switch {
 			case slices.Contains(held, pi.name) && (!r.marks() || pi.markUID(r.p.name) == ci.uid):
 				landed = append(landed, pi)
-			case !r.now.Before(pi.reservedUntil):
+			case !r.now.Before(pi.reservedUntil()):
 				due = append(due, pi)
 			}
 		}
@@ -898,7 +904,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	names := make([]string, len(pods))
 	for i, pi := range pods {
 		names[i] = pi.name
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
 	r.p.dirty[ci] = struct{}{}
