@@ -634,19 +634,43 @@ type claimInfo struct {
 	// not decoded again.
 	rvs []string
 
-	want        int
-	priority    int32
-	created     time.Time
-	terminating bool
+	want     int
+	created  time.Time
+	priority int32
 	// idx is the claim's place in pool.claimSeen.
-	idx int32
+	idx         int32
+	terminating bool
 	// listed is whether the claim was in the latest listing of this pool.
 	listed bool
+	// rewrite is set when the claim's record differs from what it holds:
+	// its next write restores it.
+	rewrite bool
+	// unsettled is set after a write of unknown outcome, until a write of
+	// the claim succeeds: its record may legitimately differ meanwhile.
+	unsettled bool
+	// gone is set once a live read found the claim deleted (pod marks).
+	gone bool
 
 	// held are the pods the claim holds in this pool, in no order: a
 	// mirror of the store. Each knows its place (podInfo.heldIdx); see
 	// pool.heldPod to find one by name.
 	held []*podInfo
+	// recycling counts the held pods being recycled.
+	recycling int
+
+	// With pod marks:
+	// recRV is the resourceVersion of the newest version of the claim whose
+	// record the allocator took in (listed, written, or read live).
+	recRV uint64
+
+	// more is what few claims need, nil when empty.
+	more *claimMore
+}
+
+// claimMore is what a claimInfo needs only for some claims: those with
+// releases, a record to mistrust, or known only from pod marks. See its
+// accessors and setters below.
+type claimMore struct {
 	// release is the owner's release list, as last decoded.
 	release []string
 	// released is the released list as last written or read.
@@ -655,27 +679,94 @@ type claimInfo struct {
 	// still lists them: a pod handed back to the same claim later is not
 	// released again on the strength of the old entry.
 	consumed map[string]struct{}
-	// recycling counts the held pods being recycled.
-	recycling int
 	// untrusted is set when the claim's record lists pods it does not hold.
 	untrusted error
-	// rewrite is set when the claim's record differs from what it holds:
-	// its next write restores it.
-	rewrite bool
-	// unsettled is set after a write of unknown outcome, until a write of
-	// the claim succeeds: its record may legitimately differ meanwhile.
-	unsettled bool
-
-	// With pod marks:
-	// recRV is the resourceVersion of the newest version of the claim whose
-	// record the allocator took in (listed, written, or read live).
-	recRV uint64
-	// strays are pods its record lists as held that it does not hold.
+	// strays are pods its record lists as held that it does not hold (pod
+	// marks).
 	strays []string
 	// since is when a claim known only from pod marks was first met.
 	since time.Time
-	// gone is set once a live read found the claim deleted.
-	gone bool
+}
+
+func (c *claimInfo) release() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.release
+}
+
+func (c *claimInfo) released() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.released
+}
+
+func (c *claimInfo) consumed(pod string) bool {
+	if c.more == nil {
+		return false
+	}
+	_, ok := c.more.consumed[pod]
+	return ok
+}
+
+func (c *claimInfo) strays() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.strays
+}
+
+func (c *claimInfo) since() time.Time {
+	if c.more == nil {
+		return time.Time{}
+	}
+	return c.more.since
+}
+
+// edit returns c.more to change it, made if need be; tidy lets it go
+// again once empty.
+func (c *claimInfo) edit() *claimMore {
+	if c.more == nil {
+		c.more = &claimMore{}
+	}
+	return c.more
+}
+
+func (c *claimInfo) tidy() {
+	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() {
+		c.more = nil
+	}
+}
+
+func (c *claimInfo) setReleased(released []string) {
+	if c.more != nil || len(released) > 0 {
+		c.edit().released = released
+		c.tidy()
+	}
+}
+
+func (c *claimInfo) consume(pod string) {
+	m := c.edit()
+	if m.consumed == nil {
+		m.consumed = make(map[string]struct{})
+	}
+	m.consumed[pod] = struct{}{}
+}
+
+func (c *claimInfo) setUntrusted(err error) {
+	if c.more != nil || err != nil {
+		c.edit().untrusted = err
+		c.tidy()
+	}
+}
+
+func (c *claimInfo) setStrays(names []string) {
+	if c.more != nil || len(names) > 0 {
+		c.edit().strays = names
+		c.tidy()
+	}
 }
 
 const maxRVs = 4

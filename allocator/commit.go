@@ -68,7 +68,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		for _, name := range pods {
 			pi := p.settling[name]
 			switch {
-			case slices.Contains(ci.released, name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
+			case slices.Contains(ci.released(), name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
 				r.endSettle(pi)
 				r.queueUnmark(pi, ci.uid, ci.recRV)
 			case ci.gone:
@@ -178,7 +178,7 @@ func compareNames(x, y *claimInfo) int {
 // from base.
 func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, bool) {
 	ci := w.ci
-	release := ci.release
+	release := ci.release()
 	if !own {
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			release = rec.Release
@@ -218,7 +218,7 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 	// Released keeps the pods the owner still lists in release, so the
 	// owner can see they are done; a pod handed out again leaves it.
 	var released []string
-	for _, p := range ci.released {
+	for _, p := range ci.released() {
 		if slices.Contains(release, p) && !slices.Contains(w.add, p) {
 			released = append(released, p)
 		}
@@ -428,14 +428,11 @@ func (r *round) apply(w *write) {
 			}
 			r.setStrays(ci, nil)
 		}
-		ci.released = w.rec.Released
+		ci.setReleased(w.rec.Released)
 		ci.setRelease(w.rec.Release)
 		for _, name := range w.done {
-			if slices.Contains(ci.release, name) {
-				if ci.consumed == nil {
-					ci.consumed = make(map[string]struct{})
-				}
-				ci.consumed[name] = struct{}{}
+			if slices.Contains(ci.release(), name) {
+				ci.consume(name)
 			}
 		}
 		for _, name := range w.settled {
@@ -478,7 +475,8 @@ func (r *round) apply(w *write) {
 			}
 		}
 		r.a.setHolds(ci.uid, &p.name, len(ci.held) > 0)
-		ci.untrusted, ci.rewrite = nil, false
+		ci.setUntrusted(nil)
+		ci.rewrite = false
 		if w.obj != nil {
 			ci.unsettled = false
 		}

@@ -93,7 +93,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		return // older than what is known
 	}
 	ci.recRV = rv
-	ci.released = rec.Released
+	ci.setReleased(rec.Released)
 	held := rec.Held()
 	// Backwards: toSettle takes pi out of ci.held, and only pi.
 	for i := len(ci.held) - 1; i >= 0; i-- {
@@ -261,7 +261,7 @@ func (r *round) endSettle(pi *podInfo) {
 // setStrays replaces ci's stray entries.
 func (r *round) setStrays(ci *claimInfo, names []string) {
 	p := r.p
-	for _, name := range ci.strays {
+	for _, name := range ci.strays() {
 		if pi := p.pods[name]; pi != nil {
 			pi.strays--
 			r.maybeForget(pi)
@@ -272,7 +272,7 @@ func (r *round) setStrays(ci *claimInfo, names []string) {
 		pi.strays++
 		p.refreshFree(pi)
 	}
-	ci.strays = names
+	ci.setStrays(names)
 	if len(names) > 0 {
 		ci.rewrite = true
 		p.dirty[ci] = struct{}{}
@@ -281,10 +281,10 @@ func (r *round) setStrays(ci *claimInfo, names []string) {
 
 // addStray adds one stray entry to ci.
 func (r *round) addStray(ci *claimInfo, name string) {
-	if slices.Contains(ci.strays, name) {
+	if slices.Contains(ci.strays(), name) {
 		return
 	}
-	r.setStrays(ci, append(slices.Clone(ci.strays), name))
+	r.setStrays(ci, append(slices.Clone(ci.strays()), name))
 }
 
 // maybeForget drops the entry of a pod that is neither listed nor needed.
@@ -361,11 +361,11 @@ func (r *round) verifyPods() {
 			r.observePod(&j.pod)
 		}
 		for _, ci := range verify[j.pi] {
-			if !slices.Contains(ci.strays, j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
+			if !slices.Contains(ci.strays(), j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
 				continue
 			}
 			if r.takeName(ci, j.pi.name, true) {
-				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays), func(n string) bool { return n == j.pi.name }))
+				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.pi.name }))
 			}
 		}
 		if pi := r.p.pods[j.pi.name]; pi != nil {
@@ -424,7 +424,7 @@ func (r *round) resolveMark(pi *podInfo) {
 	}
 	ci := p.claims[h.UID]
 	if ci == nil {
-		ci = &claimInfo{uid: h.UID, name: h.Claim, since: r.now}
+		ci = &claimInfo{uid: h.UID, name: h.Claim, more: &claimMore{since: r.now}}
 		p.claims[h.UID] = ci
 		p.addClaim(ci)
 	}
@@ -505,13 +505,13 @@ func (r *round) confirmClaims() {
 		}
 		var taken []string
 		for _, name := range j.names {
-			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && r.p.heldPod(j.ci, name) == nil &&
+			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
 				r.takeName(j.ci, name, true) {
 				taken = append(taken, name)
 			}
 		}
 		if len(taken) > 0 {
-			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays), func(n string) bool { return slices.Contains(taken, n) }))
+			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays()), func(n string) bool { return slices.Contains(taken, n) }))
 		}
 	}
 }

@@ -226,8 +226,8 @@ func (r *round) settled(ci *claimInfo) bool {
 	if len(ci.held) != ci.want {
 		return false
 	}
-	for _, pod := range ci.release {
-		if _, done := ci.consumed[pod]; !done && r.p.heldPod(ci, pod) != nil {
+	for _, pod := range ci.release() {
+		if !ci.consumed(pod) && r.p.heldPod(ci, pod) != nil {
 			return false
 		}
 	}
@@ -537,7 +537,8 @@ func (r *round) recover(claims []Claim) error {
 				owner[pod] = ci
 			}
 		}
-		ci.release, ci.released = rec.Release, rec.Released
+		ci.setRelease(rec.Release)
+		ci.setReleased(rec.Released)
 		all = append(all, found{ci: ci, held: held, rec: rec})
 	}
 	if err := a.cfg.store.DeletePool(p.name); err != nil {
@@ -718,7 +719,8 @@ func (r *round) observeClaim(c Claim) error {
 		if err != nil {
 			return err
 		}
-		ci.release, ci.released = rec.Release, rec.Released
+		ci.setRelease(rec.Release)
+		ci.setReleased(rec.Released)
 		p.claims[uid] = ci
 		p.addClaim(ci)
 		p.dirty[ci] = struct{}{}
@@ -792,13 +794,14 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	}
 	missing := len(ci.held) - inRecord
 	if len(extra) == 0 && missing == 0 {
-		ci.untrusted = nil
+		ci.setUntrusted(nil)
 		return
 	}
 	ci.rewrite = true
-	ci.untrusted = &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
+	untrusted := &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
 		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
-	r.errs = append(r.errs, ci.untrusted)
+	ci.setUntrusted(untrusted)
+	r.errs = append(r.errs, untrusted)
 }
 
 // reservationsByClaim groups the reserved pods by the claim they are
@@ -934,12 +937,17 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 // setRelease records the owner's release list; consumed entries the owner
 // dropped are forgotten, so listing the pod again is a new request.
 func (c *claimInfo) setRelease(release []string) {
-	c.release = release
-	for pod := range c.consumed {
+	if c.more == nil && len(release) == 0 {
+		return
+	}
+	m := c.edit()
+	m.release = release
+	for pod := range m.consumed {
 		if !slices.Contains(release, pod) {
-			delete(c.consumed, pod)
+			delete(m.consumed, pod)
 		}
 	}
+	c.tidy()
 }
 
 func (r *round) claimErr(ci *claimInfo, err error) error {
@@ -982,8 +990,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			}
 		}
 		var release []string
-		for _, pod := range ci.release {
-			if _, done := ci.consumed[pod]; done {
+		for _, pod := range ci.release() {
+			if ci.consumed(pod) {
 				continue
 			}
 			if pi := p.heldPod(ci, pod); pi != nil && !pi.recycling && !slices.Contains(release, pod) {
@@ -1111,7 +1119,7 @@ func (r *round) queueOrphans() {
 		if ci.listed || len(ci.held) == 0 {
 			continue
 		}
-		if !ci.since.IsZero() && !ci.gone && r.now.Before(ci.since.Add(Quarantine)) {
+		if since := ci.since(); !since.IsZero() && !ci.gone && r.now.Before(since.Add(Quarantine)) {
 			r.probe(ci)
 			if !ci.gone {
 				continue
