@@ -292,7 +292,9 @@ type pool struct {
 	// podSeen lists every podInfo of the pool, the entries of pods and the
 	// newer pods waiting in their next, each at its podInfo.idx with the
 	// gen of the round that last listed it. A round finds the pods missing
-	// from its listing by scanning this array, not the podInfos.
+	// from its listing by scanning this array, not the podInfos. Every
+	// podInfo in it but the waiting ones is the entry of pods under its
+	// name; every claimInfo in claimSeen the entry of claims under its UID.
 	podSeen []podStamp
 	// claimSeen does the same for the claims of claims (claimInfo.idx).
 	claimSeen []claimStamp
@@ -464,14 +466,30 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 // podInfo is what the pool knows of a pod: from the listing, and whether a
 // claim holds it (a mirror of the store, kept in step with it).
 type podInfo struct {
+	// The fields a round reads for every pod of a listing come first.
+
 	name string
-	// place is the pod's node and zone, shared with the pool's other pods
-	// there.
-	place *podPlace
 	// uid is the pod's UID: a pod listed under a known name with another
 	// UID is a new pod (see next).
 	uid types.UID
 	rv  string
+	// idx is the pod's place in pool.podSeen, freeIdx in pool.free (-1
+	// when not there).
+	idx, freeIdx   int32
+	present, ready bool
+	// waiting is set while the pod is an entry's next.
+	waiting bool
+	// markOwn is set while mark is a value this allocator wrote itself at
+	// exactly markRV.
+	markOwn bool
+	// recycling is set while the pod is given back and not yet released;
+	// recycled once the recycler reported it done, so that a failed
+	// release write does not recycle it twice.
+	recycling, recycled bool
+
+	// place is the pod's node and zone, shared with the pool's other pods
+	// there.
+	place *podPlace
 	// mark is the pod's mark annotation as last seen or written (only with
 	// pod marks): "<claim name>/<claim uid>".
 	mark string
@@ -479,8 +497,14 @@ type podInfo struct {
 	// its value: the pod's resourceVersion when the allocator first saw
 	// the value, or its own write of it. 0 when unknown or unmarked.
 	markRV uint64
-	// holder is the claim holding the pod, nil when free.
-	holder *claimInfo
+	// holder is the claim holding the pod, nil when free; heldIdx is the
+	// pod's place in holder.held.
+	holder  *claimInfo
+	heldIdx int32
+	// strays counts the claims whose record lists the pod as held although
+	// they do not hold it (a record edited by hand, a pod recreated under
+	// the name, a stale record). Such a pod is not a candidate.
+	strays int32
 	// reservedBy is set while a write that may have handed the pod to that
 	// claim has an unknown outcome: the pod is not a candidate until the
 	// outcome is settled, no earlier than reservedUntil (see reserve).
@@ -495,21 +519,6 @@ type podInfo struct {
 	next *podInfo
 	// more is what few pods need, nil when empty.
 	more *podMore
-	// strays counts the claims whose record lists the pod as held although
-	// they do not hold it (a record edited by hand, a pod recreated under
-	// the name, a stale record). Such a pod is not a candidate.
-	strays int32
-	// idx is the pod's place in pool.podSeen, freeIdx in pool.free (-1
-	// when not there), heldIdx in holder.held.
-	idx, freeIdx, heldIdx int32
-	present, ready        bool
-	// markOwn is set while mark is a value this allocator wrote itself at
-	// exactly markRV.
-	markOwn bool
-	// recycling is set while the pod is given back and not yet released;
-	// recycled once the recycler reported it done, so that a failed
-	// release write does not recycle it twice.
-	recycling, recycled bool
 }
 
 // podMore is what a podInfo needs only for some pods.
@@ -621,27 +630,21 @@ func (p *pool) refreshFree(pi *podInfo) {
 
 // claimInfo is what the pool knows of a claim.
 type claimInfo struct {
-	uid  types.UID
-	name types.NamespacedName
-	// obj is the newest version of the claim known: from the listing, a
-	// write, or a live read. Writes are based on it. With the annotation
-	// syncer it is nil and meta keeps what writes need of it (see
-	// claimobj.go); object returns it either way.
-	obj  client.Object
-	meta *claimMeta
+	// The fields a round reads for every claim of a listing come first.
+
+	uid types.UID
 	// rvs are resourceVersions already processed, newest last. A listed
 	// object with one of them is unchanged or older than obj: its record is
 	// not decoded again.
 	rvs []string
-
-	want     int
-	created  time.Time
-	priority int32
+	// meta (with the annotation syncer) or obj is the newest version of
+	// the claim known (see obj).
+	meta *claimMeta
 	// idx is the claim's place in pool.claimSeen.
-	idx         int32
-	terminating bool
+	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
-	listed bool
+	listed      bool
+	terminating bool
 	// rewrite is set when the claim's record differs from what it holds:
 	// its next write restores it.
 	rewrite bool
@@ -649,7 +652,17 @@ type claimInfo struct {
 	// the claim succeeds: its record may legitimately differ meanwhile.
 	unsettled bool
 	// gone is set once a live read found the claim deleted (pod marks).
-	gone bool
+	gone     bool
+	priority int32
+
+	// obj is the newest version of the claim known: from the listing, a
+	// write, or a live read. Writes are based on it. With the annotation
+	// syncer it is nil and meta keeps what writes need of it (see
+	// claimobj.go); object returns it either way.
+	obj     client.Object
+	name    types.NamespacedName
+	want    int
+	created time.Time
 
 	// held are the pods the claim holds in this pool, in no order: a
 	// mirror of the store. Each knows its place (podInfo.heldIdx); see
@@ -777,7 +790,7 @@ const maxRVs = 4
 // practice: when both are numbers, an older one is recognised however many
 // versions ago it was; otherwise only the last few are remembered.
 func (c *claimInfo) sawRV(rv string) bool {
-	if slices.Contains(c.rvs, rv) {
+	if n := len(c.rvs); n > 0 && c.rvs[n-1] == rv || slices.Contains(c.rvs, rv) {
 		return true
 	}
 	if len(c.rvs) == 0 {

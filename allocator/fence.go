@@ -310,6 +310,7 @@ func (p *pool) dropPod(pi *podInfo) {
 	p.removePod(pi)
 	if next := pi.next; next != nil {
 		pi.next = nil
+		next.waiting = false
 		next.strays = pi.strays
 		p.pods[pi.name] = next
 		p.refreshFree(next)

@@ -56,7 +56,8 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 		return res, err
 	}
 	p := a.lookupPool(in.Pool)
-	if p == nil {
+	checked := p == nil
+	if checked {
 		// A pool's first round: nothing to stamp yet, and no pool is made
 		// for an invalid input.
 		if err := validateInput(in); err != nil {
@@ -69,7 +70,11 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
 
-	pods, claims, err := r.scan(in.Pods, in.Claims)
+	if len(p.pods) == 0 && len(in.Pods) > 0 {
+		p.pods = make(map[string]*podInfo, len(in.Pods))
+		p.podSeen = slices.Grow(p.podSeen, len(in.Pods))
+	}
+	pods, claims, err := r.scan(in.Pods, in.Claims, checked)
 	if err != nil {
 		return res, err
 	}
@@ -126,7 +131,7 @@ func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, erro
 	defer p.mu.Unlock()
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
-	pods, claims, err := r.scan(ch.Pods, ch.Claims)
+	pods, claims, err := r.scan(ch.Pods, ch.Claims, false)
 	if err != nil {
 		return res, err
 	}
@@ -318,16 +323,41 @@ func errClaimTwice(pool types.NamespacedName, o client.Object) error {
 // ones (claims by index). A pod or claim the pool knows, unchanged, costs
 // a map lookup and a comparison. The stamps find the duplicates; a pool's
 // state is not changed when the input is refused.
-func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, error) {
+//
+// A listing in a stable order (a slice the caller keeps, or a List from the
+// API server, sorted by name) shows the pods and claims in the order of
+// podSeen and claimSeen, which are filled in listing order: scan looks for
+// each one first at the place after the previous one's, which costs no map
+// lookup. For a listing in another order (an informer cache's) it stops
+// looking there after maxHintMisses more misses than hits.
+//
+// With checked, the input was validated already (validateInput).
+func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1.Pod, []int, error) {
 	p := r.p
 	var changedPods []*corev1.Pod
 	var newPods map[string]struct{}
+	var h hint
 	for i := range pods {
 		pod := &pods[i]
-		if err := checkPod(p.name, i, pod); err != nil {
-			return nil, nil, err
+		if !checked {
+			if err := checkPod(p.name, i, pod); err != nil {
+				return nil, nil, err
+			}
 		}
-		pi := p.pods[pod.Name]
+		var pi *podInfo
+		if h.try(len(p.podSeen)) {
+			if next := p.podSeen[h.next].pi; !next.waiting && next.name == pod.Name {
+				pi = next // the entry of pods under that name
+			}
+			h.count(pi != nil)
+		}
+		if pi == nil {
+			pi = p.pods[pod.Name]
+		}
+		if pi == nil && checked {
+			changedPods = append(changedPods, pod)
+			continue
+		}
 		if pi == nil {
 			if newPods == nil {
 				newPods = make(map[string]struct{})
@@ -343,18 +373,35 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, e
 			return nil, nil, errPodTwice(p.name, pod.Name)
 		}
 		p.seePod(pi)
+		h.next = int(pi.idx) + 1
 		if (pi.uid != pod.UID && pod.UID != "") || !pi.unchanged(pod.ResourceVersion) {
 			changedPods = append(changedPods, pod)
 		}
 	}
 	var changedClaims []int
 	var newClaims map[types.UID]struct{}
+	h = hint{}
 	for i, c := range claims {
-		if err := checkClaim(p.name, i, c); err != nil {
-			return nil, nil, err
+		if !checked {
+			if err := checkClaim(p.name, i, c); err != nil {
+				return nil, nil, err
+			}
 		}
 		uid := c.Object.GetUID()
-		ci := p.claims[uid]
+		var ci *claimInfo
+		if h.try(len(p.claimSeen)) {
+			if next := p.claimSeen[h.next].ci; next.uid == uid {
+				ci = next // the entry of claims under uid
+			}
+			h.count(ci != nil)
+		}
+		if ci == nil {
+			ci = p.claims[uid]
+		}
+		if ci == nil && checked {
+			changedClaims = append(changedClaims, i)
+			continue
+		}
 		if ci == nil {
 			if newClaims == nil {
 				newClaims = make(map[types.UID]struct{})
@@ -370,11 +417,34 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, e
 			return nil, nil, errClaimTwice(p.name, c.Object)
 		}
 		p.seeClaim(ci)
+		h.next = int(ci.idx) + 1
 		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || !ci.known() || !ci.listed {
 			changedClaims = append(changedClaims, i)
 		}
 	}
 	return changedPods, changedClaims, nil
+}
+
+// maxHintMisses bounds how many more misses than hits a hint may have in a
+// scan before it is no longer tried.
+const maxHintMisses = 64
+
+// hint is where scan looks first for the next pod or claim of a listing:
+// at next in podSeen or claimSeen.
+type hint struct {
+	next         int
+	hits, misses int
+}
+
+// try reports whether to look at next, in an array of n.
+func (h *hint) try(n int) bool { return h.next < n && h.misses <= h.hits+maxHintMisses }
+
+func (h *hint) count(hit bool) {
+	if hit {
+		h.hits++
+	} else {
+		h.misses++
+	}
 }
 
 // unchanged reports whether a listed version of pi with resourceVersion rv
@@ -464,7 +534,7 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		if old.next != nil {
 			p.removePod(old.next)
 		}
-		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1}
+		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1, waiting: true}
 		p.addPod(old.next)
 	}
 	return old.next
@@ -550,7 +620,7 @@ func (r *round) recover(claims []Claim) error {
 	}
 	clear(p.recycling)
 	clear(p.lost)
-	clear(p.dirty)
+	p.dirty = make(map[*claimInfo]struct{}, len(all))
 	clear(p.reserved)
 	clear(p.settling)
 	p.claims = make(map[types.UID]*claimInfo, len(all))
@@ -558,7 +628,7 @@ func (r *round) recover(claims []Claim) error {
 		s.ci.idx = -1
 	}
 	clear(p.claimSeen)
-	p.claimSeen = p.claimSeen[:0]
+	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
 	for _, f := range all {
 		p.claims[f.ci.uid] = f.ci
 		p.addClaim(f.ci)
