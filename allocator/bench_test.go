@@ -3,6 +3,7 @@ package allocator_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strconv"
@@ -150,6 +151,32 @@ func BenchmarkRoundFullListing(b *testing.B) {
 			}
 			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
 			bp.free -= bp.per
+			b.StartTimer()
+			res, err := bp.a.Round(context.Background(), bp.in)
+			if err != nil || len(res.Allocated) != 1 {
+				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+			}
+		}
+	})
+}
+
+// BenchmarkRoundShuffledListing is BenchmarkRoundFullListing with the
+// pods and claims listed in a new order every round, as an informer
+// cache's List gives them.
+func BenchmarkRoundShuffledListing(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) {
+		var bp *benchPool
+		rnd := rand.New(rand.NewPCG(1, 2))
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			if bp == nil || bp.free < bp.per {
+				bp = newBenchPool(b, pods, 1)
+			}
+			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
+			bp.free -= bp.per
+			rnd.Shuffle(len(bp.in.Pods), func(i, j int) { bp.in.Pods[i], bp.in.Pods[j] = bp.in.Pods[j], bp.in.Pods[i] })
+			rnd.Shuffle(len(bp.in.Claims), func(i, j int) { bp.in.Claims[i], bp.in.Claims[j] = bp.in.Claims[j], bp.in.Claims[i] })
 			b.StartTimer()
 			res, err := bp.a.Round(context.Background(), bp.in)
 			if err != nil || len(res.Allocated) != 1 {
