@@ -108,17 +108,26 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		if ci.held[name] != nil {
 			continue
 		}
-		if !r.takeName(ci, name, false) {
+		if !r.takeName(ci, name, 0) {
 			strays = append(strays, name)
 		}
 	}
 	r.setStrays(ci, strays)
 }
 
+// What takeName may rely on beyond the listing.
+const (
+	// podRead: the pod was read live, after the record was written.
+	podRead = 1 << iota
+	// claimRead: the claim was read live and its record lists the pod.
+	claimRead
+)
+
 // takeName decides whether ci holds the pod its record lists under name.
 // It returns false for a stray entry: ci does not hold it, and its next
-// write drops it.
-func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
+// write drops it (unless a live read asked for here decides otherwise).
+func (r *round) takeName(ci *claimInfo, name string, read int) bool {
+	verified := read&podRead != 0
 	p := r.p
 	pi := p.pods[name]
 	if pi == nil || !pi.present {
@@ -161,9 +170,9 @@ func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
 			r.verifyLater(pi, ci)
 			return false
 		}
-		if !verified {
-			// The pod changed after the record was written: the record may
-			// be a lagging copy. Read the claim live first.
+		if read&claimRead == 0 {
+			// The record may be a lagging copy of one that no longer lists
+			// the pod: read the claim live before acting on it.
 			r.confirmLater(ci, name)
 			return false
 		}
@@ -358,7 +367,7 @@ func (r *round) verifyPods() {
 			if !slices.Contains(ci.strays, j.pi.name) || ci.held[j.pi.name] != nil {
 				continue
 			}
-			if r.takeName(ci, j.pi.name, true) {
+			if r.takeName(ci, j.pi.name, podRead) {
 				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays), func(n string) bool { return n == j.pi.name }))
 			}
 		}
@@ -499,7 +508,7 @@ func (r *round) confirmClaims() {
 		var taken []string
 		for _, name := range j.names {
 			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && j.ci.held[name] == nil &&
-				r.takeName(j.ci, name, true) {
+				r.takeName(j.ci, name, podRead|claimRead) {
 				taken = append(taken, name)
 			}
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/store"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -58,10 +59,19 @@ func (f *fixture) claim(name, pool string, want int32) *testenv.Claim {
 	return c
 }
 
+// allocs counts the allocators the fixtures made: every other one runs on
+// store.Sorted, the second store implementation, so that the lifecycle
+// tests exercise both.
+var allocs atomic.Int64
+
 func (f *fixture) alloc(opts ...allocator.Option) allocator.Allocator {
 	f.t.Helper()
+	if allocs.Add(1)%2 == 0 {
+		opts = append([]allocator.Option{allocator.WithStore(store.NewSorted())}, opts...)
+	}
 	a, err := allocator.New(f.c, opts...)
 	require.NoError(f.t, err)
+	f.t.Cleanup(func() { require.NoError(f.t, allocator.CheckInvariants(a)) })
 	return a
 }
 
@@ -69,6 +79,7 @@ func (f *fixture) round(a allocator.Allocator, pool types.NamespacedName) alloca
 	f.t.Helper()
 	res, err := world.Round(f.ctx, a, f.c, pool)
 	require.NoError(f.t, err)
+	require.NoError(f.t, allocator.CheckInvariants(a))
 	return res
 }
 

@@ -182,8 +182,12 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 //     to be dirty after a restart, and is recycled;
 //   - a record edited to list a pod marked for another claim is not
 //     believed, also at recovery;
-//   - two allocators running on one pool at once cannot hand one pod to two
-//     claims: only one mark write can succeed.
+//   - several allocators running on one pool at once (a failover, a
+//     rolling update), also on lagging listings, cannot hand one pod to two
+//     claims: marks and records are written under resourceVersions, and
+//     the allocator compares resourceVersions of pods and claims as
+//     numbers, as the API server's etcd revisions allow (see the package
+//     documentation).
 //
 // The client given to New must be allowed to patch pods.
 func WithPodMarks(key string) Option {

@@ -19,10 +19,12 @@ import (
 )
 
 // Quarantine is how long pods named in a write whose outcome is unknown (a
-// timeout after the API server may have applied it) stay out of the pool
-// before the allocator reads the claim again to settle it. It is longer than
-// the API server's own request timeout (60 s), so a write still in flight
-// has landed or failed by then.
+// timeout after the API server may have applied it), or marked by another
+// allocator for a claim whose record does not list them yet, stay out of
+// the pool before the allocator reads the claim again to settle them. It is
+// longer than the API server's own request timeout (60 s), so a write still
+// in flight has landed or failed by then. It serves liveness only: a pod is
+// settled by a write that fences any write still in flight, not by waiting.
 const Quarantine = 2 * time.Minute
 
 // round is the state of one Round call. It runs with the pool's mu held.
@@ -157,6 +159,7 @@ func (r *round) settle() {
 		if !ci.listed {
 			if len(ci.held) == 0 && !r.hasReservations(ci) {
 				delete(p.dirty, ci)
+				r.setStrays(ci, nil)
 				if p.claims[ci.uid] == ci {
 					delete(p.claims, ci.uid)
 					p.forget(ci)
@@ -848,6 +851,10 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			pi := r.p.pods[pod]
 			if pi == nil || !r.p.candidate(pi) {
 				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
+			}
+			// The store is the index of holdings: it must agree.
+			if h, held, err := r.a.cfg.store.HolderOf(r.p.name, pod); err != nil || held {
+				return fmt.Errorf("claim %s: pod %s is held by %v in the store (%v)", g.Claim, pod, h, err)
 			}
 			if _, dup := taken[pod]; dup {
 				return fmt.Errorf("pod %s allocated twice", pod)
