@@ -181,7 +181,7 @@ type machine struct {
 	// sorted runs the allocator on store.Sorted instead of the default
 	// store.InMemory.
 	sorted bool
-	a     allocator.Allocator
+	a      allocator.Allocator
 
 	// mu guards the fields below it, written by the interceptor and the
 	// recycler from the allocator's goroutines.
