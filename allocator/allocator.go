@@ -139,6 +139,7 @@ func New(c client.Client, opts ...Option) (Allocator, error) {
 		return nil, err
 	}
 	return &defaultAllocator{
+		protoObj:   cfg.claimType,
 		cfg:        cfg,
 		pools:      make(map[types.NamespacedName]*pool),
 		claimPools: make(map[types.UID]map[types.NamespacedName]struct{}),

@@ -134,3 +134,52 @@ func recordOn(t *testing.T, c client.Client, name string) syncer.Record {
 	require.NoError(t, err)
 	return rec
 }
+
+// A pool whose only claim was force-deleted while no allocator ran is
+// listed with no claims: the allocator cannot learn the claim type from the
+// listing to confirm the claim is gone. With WithClaimType it can, and the
+// orphan's pod is recycled; without it the pod stays out of the pool and
+// the round says why (the liveness check of the many-allocator machine).
+func TestRegressionOrphanInPoolWithoutClaims(t *testing.T) {
+	for _, withType := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with-claim-type", false: "without"}[withType], func(t *testing.T) {
+			ctx := context.Background()
+			c := newFakeClient(t, nil)
+			pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+			_, err := testenv.CreatePods(ctx, c, "ns", "p", 2, true)
+			require.NoError(t, err)
+			cl := testenv.NewClaim("ns", "c", "p", 1)
+			cl.UID = "uid-c"
+			require.NoError(t, c.Create(ctx, cl))
+			a, err := allocator.New(c)
+			require.NoError(t, err)
+			_, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+			cl.Finalizers = nil
+			require.NoError(t, c.Update(ctx, cl))
+			require.NoError(t, c.Delete(ctx, cl))
+
+			clk := clocktesting.NewFakeClock(time.Now())
+			opts := []allocator.Option{allocator.WithClock(clk)}
+			if withType {
+				opts = append(opts, allocator.WithClaimType(&testenv.Claim{}))
+			}
+			b, err := allocator.New(c, opts...)
+			require.NoError(t, err)
+			var res allocator.Result
+			for range 2 {
+				res, err = world.Round(ctx, b, c, pool)
+				clk.Step(allocator.Quarantine) // no claim listed may lag that long
+			}
+			if withType {
+				require.NoError(t, err)
+				require.Len(t, res.Idle, 2, "the orphan's pod is recycled and free")
+				return
+			}
+			require.Error(t, err)
+			require.ErrorContains(t, err, "type is unknown")
+			require.Len(t, res.Idle, 1, "the orphan's pod stays out of the pool")
+		})
+	}
+}
