@@ -197,8 +197,7 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			for _, name := range rec.Held() {
 				pi := r.p.pods[name]
-				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil &&
-					(pi.holder == ci || pi.reservedBy == ci) {
+				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil {
 					allocated = append(allocated, name)
 				}
 			}

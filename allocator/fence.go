@@ -391,7 +391,28 @@ func compareStrings(a, b string) int {
 // does not hold the pod as far as the allocator knows.
 func (r *round) resolveMark(pi *podInfo) {
 	p := r.p
-	if !r.marks() || pi.mark == "" || !pi.present || p.pods[pi.name] != pi {
+	if !r.marks() || !pi.present || p.pods[pi.name] != pi {
+		return
+	}
+	if pi.mark == "" {
+		// The mark is gone: whoever removed it settled the pod, and no
+		// record may list it any more; or a held pod lost its mark, and
+		// is of uncertain use.
+		if pi.settleFor != nil {
+			r.endSettle(pi)
+		}
+		if ci := pi.reservedBy; ci != nil {
+			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			delete(p.reserved, pi.name)
+			p.dirty[ci] = struct{}{}
+			p.refreshFree(pi)
+		}
+		if ci := pi.holder; ci != nil && p.tomark[pi.name] != ci.uid {
+			p.tomark[pi.name] = ci.uid
+			if !r.a.cfg.markMigrate {
+				r.startRecycling(ci, pi)
+			}
+		}
 		return
 	}
 	h, ok := parseMark(p.name, pi.mark)

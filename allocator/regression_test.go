@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -182,4 +183,97 @@ func TestRegressionOrphanInPoolWithoutClaims(t *testing.T) {
 			require.Len(t, res.Idle, 1, "the orphan's pod stays out of the pool")
 		})
 	}
+}
+
+// A pod being settled for a claim (marked for it, not in its record) whose
+// mark another allocator removes meanwhile is free again: it must not stay
+// out of the pool for good (the many-allocator machine's liveness check).
+func TestRegressionSettlingPodFreedWhenItsMarkGoes(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	pods, err := testenv.CreatePods(ctx, c, "ns", "p", 1, true)
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 0)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	// Another allocator marked p-0 for c, then c changed: its record, newer
+	// than the mark, does not list the pod.
+	pod := &pods[0]
+	markPod(t, c, pod, "c/uid-c")
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 1
+	require.NoError(t, c.Update(ctx, cl))
+
+	a, err := allocator.New(c, allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
+		return false, nil // not yet
+	}))
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated, "the pod is settled for c, not handed out as it is")
+	require.Equal(t, 1, res.Shortfall)
+
+	// The other allocator finishes first and removes the mark.
+	markPod(t, c, pod, "")
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.NoError(t, allocator.CheckInvariants(a))
+	require.Equal(t, []string{"p-0"}, grantsTo(res, "c"), "free again, and handed out")
+}
+
+// A listing that lags a live read of a pod must not make the allocator
+// forget the pod's mark: a write would then drop the held pod from its
+// claim's record (the many-allocator machine's I11 check).
+func TestRegressionStalePodListingDoesNotUndoALiveRead(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 2, true)
+	require.NoError(t, err)
+	staleIn, err := world.Input(ctx, c, pool) // pods unmarked
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 1)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	other, err := allocator.New(c)
+	require.NoError(t, err)
+	_, err = world.Round(ctx, other, c, pool) // marks a pod for c, writes c's record
+	require.NoError(t, err)
+	held := recordOn(t, c, "c").Held()
+	require.Len(t, held, 1)
+
+	// A second allocator: its pod listing lags (pods unmarked), its claim
+	// listing does not. It reads the pod live to settle that, then gets the
+	// stale pod listing again while c wants a second pod.
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in := allocator.Input{Pool: pool, Pods: staleIn.Pods, Claims: fresh.Claims}
+	_, err = a.Round(ctx, in)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 2
+	require.NoError(t, c.Update(ctx, cl))
+	fresh, err = world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in = allocator.Input{Pool: pool, Pods: staleIn.Pods, Claims: fresh.Claims}
+	_, _ = a.Round(ctx, in)
+	require.Subset(t, recordOn(t, c, "c").Held(), held, "the held pod stays in the record")
+}
+
+// markPod sets (or, with "", removes) pod's mark annotation.
+func markPod(t *testing.T, c client.Client, pod *corev1.Pod, mark string) {
+	t.Helper()
+	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(pod), pod))
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	if mark == "" {
+		delete(pod.Annotations, allocator.DefaultPodMarkKey)
+	} else {
+		pod.Annotations[allocator.DefaultPodMarkKey] = mark
+	}
+	require.NoError(t, c.Update(context.Background(), pod))
 }

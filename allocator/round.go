@@ -267,6 +267,9 @@ func (r *round) observePod(pod *corev1.Pod) {
 	if pi.present && pod.ResourceVersion != "" && (pi.rv == pod.ResourceVersion || slices.Contains(pi.oldRVs, pod.ResourceVersion)) {
 		return
 	}
+	if n := rvNum(pod.ResourceVersion); pi.present && n != 0 && n < rvNum(pi.rv) {
+		return // older than what is known (a lagging listing after a live read)
+	}
 	pi.present = true
 	pi.rv = pod.ResourceVersion
 	if key := r.a.cfg.markKey; key != "" {
