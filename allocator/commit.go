@@ -197,6 +197,12 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			for _, name := range rec.Held() {
 				pi := r.p.pods[name]
+				if pi == nil && !ci.listed {
+					// A claim that left this pool (moved) may hold pods of
+					// its new pool: not this pool's to judge.
+					allocated = append(allocated, name)
+					continue
+				}
 				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil {
 					allocated = append(allocated, name)
 				}

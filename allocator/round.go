@@ -554,12 +554,19 @@ func (r *round) observeClaim(c Claim) error {
 	}
 	ci.seen = p.gen
 	ci.listed = true
+	ci.since = time.Time{}
 	return nil
 }
 
 // claimGone records that a claim left the pool's listing: deleted,
 // force-deleted or moved. Its pods are given back.
 func (r *round) claimGone(ci *claimInfo) {
+	if ci.listed && ci.since.IsZero() {
+		// It may be gone, moved, or missing from a lagging listing: its
+		// pods are given back once it is found deleted, or once it has
+		// been missing for a Quarantine (see queueOrphans).
+		ci.since = r.now
+	}
 	ci.listed = false
 	r.p.dirty[ci] = struct{}{}
 }
@@ -903,10 +910,10 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 }
 
 // queueOrphans gives back every pod held by a claim that is not in the
-// listing any more: deleted, force-deleted or moved to another pool. A
-// claim known only from pod marks may just be missing from a lagging
-// listing: its pods are given back once it is found deleted, or once it
-// has been missing for a Quarantine.
+// listing any more: deleted, force-deleted or moved to another pool. As it
+// may just be missing from a lagging listing, its pods are given back once
+// a live read finds it deleted, or once it has been missing for a
+// Quarantine.
 func (r *round) queueOrphans() {
 	for ci := range r.p.dirty {
 		if ci.listed || len(ci.held) == 0 {
