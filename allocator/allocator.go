@@ -125,8 +125,10 @@ type Allocator interface {
 	// round in progress on that pool to finish.
 	ForgetPool(pool types.NamespacedName) error
 
-	// Store returns the store the allocator keeps its index in.
-	Store() store.AllocationStore
+	// Store returns the store the allocator keeps its index of holdings
+	// in, read-only: only the allocator changes holdings, and only after
+	// the records on the API server say so.
+	Store() store.Reader
 }
 
 // New returns the default Allocator. The client writes claims' records and
@@ -137,6 +139,7 @@ func New(c client.Client, opts ...Option) (Allocator, error) {
 		return nil, err
 	}
 	return &defaultAllocator{
+		protoObj:   cfg.claimType,
 		cfg:        cfg,
 		pools:      make(map[types.NamespacedName]*pool),
 		claimPools: make(map[types.UID]*types.NamespacedName),
@@ -181,7 +184,30 @@ func (a *defaultAllocator) setProto(o client.Object) {
 	}
 }
 
-func (a *defaultAllocator) Store() store.AllocationStore { return a.cfg.store }
+func (a *defaultAllocator) Store() store.Reader { return readOnly{a.cfg.store} }
+
+// readOnly hides the writer half of the store: asserting the value Store
+// returns to a writer fails.
+type readOnly struct{ r store.Reader }
+
+var _ store.Reader = readOnly{}
+
+func (s readOnly) HolderOf(pool types.NamespacedName, pod string) (store.Holder, bool, error) {
+	return s.r.HolderOf(pool, pod)
+}
+func (s readOnly) Held(pool types.NamespacedName, uid types.UID) ([]string, error) {
+	return s.r.Held(pool, uid)
+}
+func (s readOnly) Count(pool types.NamespacedName, uid types.UID) (int, error) {
+	return s.r.Count(pool, uid)
+}
+func (s readOnly) Holders(pool types.NamespacedName) ([]store.Holder, error) {
+	return s.r.Holders(pool)
+}
+func (s readOnly) Snapshot(pool types.NamespacedName) (map[string]store.Holder, error) {
+	return s.r.Snapshot(pool)
+}
+func (s readOnly) Pools() ([]types.NamespacedName, error) { return s.r.Pools() }
 
 // lookupPool returns the pool's state, nil if the allocator has none.
 func (a *defaultAllocator) lookupPool(name types.NamespacedName) *pool {
@@ -750,6 +776,13 @@ func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
 		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() {
 		c.more = nil
+	}
+}
+
+func (c *claimInfo) setSince(t time.Time) {
+	if c.more != nil || !t.IsZero() {
+		c.edit().since = t
+		c.tidy()
 	}
 }
 

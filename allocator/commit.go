@@ -198,8 +198,13 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			for _, name := range rec.Held() {
 				pi := r.p.pods[name]
-				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil &&
-					(pi.holder == ci || pi.reservedBy == ci) {
+				if pi == nil && !ci.listed {
+					// A claim that left this pool (moved) may hold pods of
+					// its new pool: not this pool's to judge.
+					allocated = append(allocated, name)
+					continue
+				}
+				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil {
 					allocated = append(allocated, name)
 				}
 			}

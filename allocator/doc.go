@@ -43,30 +43,44 @@
 //
 // # Pod marks
 //
-// WithPodMarks makes the allocator also mark each pod it hands out with its
-// claim (an annotation written under the pod's resourceVersion before the
-// claim's record, removed after the pod's release). Marks cost a pod write
-// per hand-out and per release, and make three things safe that records
-// alone cannot: a claim force-deleted while no allocator ran (its pods are
-// recycled after the restart), a record forged before a restart (a pod
-// marked for one claim is never believed to be another's), and two
-// allocators running on one pool at once (only one can mark a pod).
+// Pod marks are on by default (WithoutPodMarks turns them off). The
+// allocator marks each pod it hands out with its claim (an annotation
+// written under the pod's resourceVersion before the claim's record,
+// removed after the pod's release is recorded). Marks cost a pod write per
+// hand-out and per release, and make safe what records alone cannot: a
+// claim force-deleted while no allocator ran (its pods are recycled after
+// the restart), a record edited by hand (a pod is believed to be a claim's
+// only where its mark says so), and several allocators on one pool at
+// once, through failovers and lagging listings.
+//
+// The rules every allocator follows are set out in fence.go; in short: a
+// newer record is taken in, filtered by the marks; a write keeps only pods
+// the version it replaces lists and that are marked for the claim, and adds
+// a pod only under a mark newer than that version; a pod whose holder is
+// uncertain (listed without a mark, or marked without being listed) is
+// recycled for the claim that names it before anyone else gets it; a mark
+// goes only once a newer record no longer lists the pod. This rests on
+// resourceVersions that order writes across pods and claims, as the API
+// server's do; build controller-runtime's fake client with
+// WithGlobalResourceVersionCounter in tests.
 //
 // # Recovery
 //
 // The first Round of a pool after New rebuilds the pool's allocation from
-// the claims' records, so a new allocator on the same API server continues
-// where the last one stopped. It changes nothing unless every record of the
-// pool can be read and no pod is claimed twice. A claim deleted meanwhile
-// is still there, kept by the finalizer, so its pods are recycled before
-// they are handed out again. A claim whose finalizer was removed by hand
-// while no allocator ran leaves no record: without pod marks its pods look
-// free; with them they are recycled.
+// the claims' records and the pods' marks, so a new allocator on the same
+// API server continues where the last one stopped. It changes nothing
+// unless every record of the pool can be read (without pod marks, also no
+// pod may be listed by two claims). A claim deleted meanwhile is still
+// there, kept by the finalizer, so its pods are recycled before they are
+// handed out again; one whose finalizer was removed by hand leaves no
+// record, but its pods' marks remain, and they are recycled too (without
+// pod marks they look free).
 //
-// After recovery the allocator's own index is the truth: a record edited
-// by hand (pods added, removed or marked released) is written again as the
-// allocator knows it, and pods it lists that the claim does not hold are
-// not handed to it.
+// A record entry for a pod that does not exist is not believed (a pod
+// created later under the name is a new pod), and a pod marked for a claim
+// whose record does not list it is settled: recycled for that claim and
+// recorded as released, after a Quarantine if the mark is newer than the
+// record (a hand-out may still be in flight).
 //
 // # Failures
 //
@@ -87,9 +101,11 @@
 //     outcome is unknown keeps its pods out of the pool until it is settled.
 //   - ErrRecycle: the recycler failed for a pod; it stays held and is
 //     offered again next round.
-//   - ErrUntrustedRecord: a record differs from what the claim holds (pods
-//     the allocator never gave it, or held pods missing); the pods are not
-//     handed to it and the record is written again.
+//   - ErrUntrustedRecord: a record lists pods the claim does not hold (not
+//     marked for it, absent, or unmarked and so recycled first); they are
+//     not handed to it and the record is written again.
+//   - ErrInvalidRelease: a claim's release list cannot be read; it is
+//     ignored for that claim alone and the pool goes on.
 //
 // A Round that returns an error still returns a valid Result; run another
 // round later.

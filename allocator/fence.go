@@ -110,17 +110,26 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		if r.p.heldPod(ci, name) != nil {
 			continue
 		}
-		if !r.takeName(ci, name, false) {
+		if !r.takeName(ci, name, 0) {
 			strays = append(strays, name)
 		}
 	}
 	r.setStrays(ci, strays)
 }
 
+// What takeName may rely on beyond the listing.
+const (
+	// podRead: the pod was read live, after the record was written.
+	podRead = 1 << iota
+	// claimRead: the claim was read live and its record lists the pod.
+	claimRead
+)
+
 // takeName decides whether ci holds the pod its record lists under name.
 // It returns false for a stray entry: ci does not hold it, and its next
-// write drops it.
-func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
+// write drops it (unless a live read asked for here decides otherwise).
+func (r *round) takeName(ci *claimInfo, name string, read int) bool {
+	verified := read&podRead != 0
 	p := r.p
 	pi := p.pods[name]
 	if pi == nil || !pi.present {
@@ -163,9 +172,9 @@ func (r *round) takeName(ci *claimInfo, name string, verified bool) bool {
 			r.verifyLater(pi, ci)
 			return false
 		}
-		if !verified {
-			// The pod changed after the record was written: the record may
-			// be a lagging copy. Read the claim live first.
+		if read&claimRead == 0 {
+			// The record may be a lagging copy of one that no longer lists
+			// the pod: read the claim live before acting on it.
 			r.confirmLater(ci, name)
 			return false
 		}
@@ -365,7 +374,7 @@ func (r *round) verifyPods() {
 			if !slices.Contains(ci.strays(), j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
 				continue
 			}
-			if r.takeName(ci, j.pi.name, true) {
+			if r.takeName(ci, j.pi.name, podRead) {
 				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.pi.name }))
 			}
 		}
@@ -389,7 +398,28 @@ func compareStrings(a, b string) int {
 // does not hold the pod as far as the allocator knows.
 func (r *round) resolveMark(pi *podInfo) {
 	p := r.p
-	if !r.marks() || pi.mark == "" || !pi.present || p.pods[pi.name] != pi {
+	if !r.marks() || !pi.present || p.pods[pi.name] != pi {
+		return
+	}
+	if pi.mark == "" {
+		// The mark is gone: whoever removed it settled the pod, and no
+		// record may list it any more; or a held pod lost its mark, and
+		// is of uncertain use.
+		if pi.settleFor != nil {
+			r.endSettle(pi)
+		}
+		if ci := pi.reservedBy; ci != nil {
+			pi.reserve(nil, time.Time{})
+			delete(p.reserved, pi.name)
+			p.dirty[ci] = struct{}{}
+			p.refreshFree(pi)
+		}
+		if ci := pi.holder; ci != nil && p.tomark[pi.name] != ci.uid {
+			p.tomark[pi.name] = ci.uid
+			if !r.a.cfg.markMigrate {
+				r.startRecycling(ci, pi)
+			}
+		}
 		return
 	}
 	h, ok := parseMark(p.name, pi.mark)
@@ -507,7 +537,7 @@ func (r *round) confirmClaims() {
 		var taken []string
 		for _, name := range j.names {
 			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
-				r.takeName(j.ci, name, true) {
+				r.takeName(j.ci, name, podRead|claimRead) {
 				taken = append(taken, name)
 			}
 		}

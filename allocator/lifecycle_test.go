@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -22,6 +24,7 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/store"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -58,10 +61,19 @@ func (f *fixture) claim(name, pool string, want int32) *testenv.Claim {
 	return c
 }
 
+// allocs counts the allocators the fixtures made: every other one runs on
+// store.Sorted, the second store implementation, so that the lifecycle
+// tests exercise both.
+var allocs atomic.Int64
+
 func (f *fixture) alloc(opts ...allocator.Option) allocator.Allocator {
 	f.t.Helper()
+	if allocs.Add(1)%2 == 0 {
+		opts = append([]allocator.Option{allocator.WithStore(store.NewSorted())}, opts...)
+	}
 	a, err := allocator.New(f.c, opts...)
 	require.NoError(f.t, err)
+	f.t.Cleanup(func() { require.NoError(f.t, allocator.CheckInvariants(a)) })
 	return a
 }
 
@@ -69,6 +81,7 @@ func (f *fixture) round(a allocator.Allocator, pool types.NamespacedName) alloca
 	f.t.Helper()
 	res, err := world.Round(f.ctx, a, f.c, pool)
 	require.NoError(f.t, err)
+	require.NoError(f.t, allocator.CheckInvariants(a))
 	return res
 }
 
@@ -365,7 +378,8 @@ func TestLostPodsReportedAndReplacedOnRequest(t *testing.T) {
 func TestClaimMovedToAnotherPool(t *testing.T) {
 	f := newFixture(t)
 	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
-	a := f.alloc()
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := f.alloc(allocator.WithClock(clk))
 	f.claim("c", "p1", 2)
 	f.round(a, p1)
 	old := f.held("c")
@@ -374,10 +388,16 @@ func TestClaimMovedToAnotherPool(t *testing.T) {
 	c := f.get("c")
 	c.Spec.PoolRef = "p2"
 	require.NoError(t, f.c.Update(f.ctx, c))
-	// p2 serves it only once p1 has taken its pods back.
+	// p2 serves it only once p1 has taken its pods back, which p1 does once
+	// the claim, still there, has been missing from its listing for a
+	// Quarantine (a lagging listing would show it again before that).
 	res := f.round(a, p2)
 	require.Empty(t, res.Allocated)
 	require.Equal(t, 2, res.Shortfall)
+	res = f.round(a, p1)
+	require.Empty(t, res.Released, "not before a Quarantine")
+	require.Empty(t, res.Idle, "its old pods are not free before they are recycled")
+	clk.Step(allocator.Quarantine)
 	res = f.round(a, p1)
 	require.Len(t, res.Released, 1)
 	require.Len(t, res.Idle, 2)

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
@@ -113,6 +114,7 @@ type config struct {
 	writers     int
 	replaceLost bool
 	zoneLabel   string
+	claimType   client.Object
 
 	// slimKeys are the keys of the syncer when it is the annotation
 	// syncer (see claimMeta), and ourFinalizers is a list of just its
@@ -188,8 +190,12 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 //     to be dirty after a restart, and is recycled;
 //   - a record edited to list a pod marked for another claim is not
 //     believed, also at recovery;
-//   - two allocators running on one pool at once cannot hand one pod to two
-//     claims: only one mark write can succeed.
+//   - several allocators running on one pool at once (a failover, a
+//     rolling update), also on lagging listings, cannot hand one pod to two
+//     claims: marks and records are written under resourceVersions, and
+//     the allocator compares resourceVersions of pods and claims as
+//     numbers, as the API server's etcd revisions allow (see the package
+//     documentation).
 //
 // The client given to New must be allowed to patch pods.
 func WithPodMarks(key string) Option {
@@ -216,6 +222,19 @@ func WithoutPodMarks() Option { return optionFunc(func(c *config) { c.markKey = 
 // pool has recovered.
 func WithPodMarkMigration(migrate bool) Option {
 	return optionFunc(func(c *config) { c.markMigrate = migrate })
+}
+
+// WithClaimType tells the allocator the Go type (and, for
+// *unstructured.Unstructured, the apiVersion and kind) of the claims, by
+// example: an empty object of that type. With pod marks the allocator
+// reads live a claim that a pod's mark names but the pool's listing does
+// not show, to learn whether it still exists; it learns the type from any
+// claim listed in any pool, so this is needed only when a pool may be
+// listed with no claims at all (after its last claim was force-deleted, for
+// example). Without it, such pods wait until a claim of the type has been
+// listed.
+func WithClaimType(obj client.Object) Option {
+	return optionFunc(func(c *config) { c.claimType = obj })
 }
 
 // WithZoneLabel sets the pod label read as a candidate's zone (default
@@ -250,6 +269,14 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
 	case cfg.writers < 1:
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
+	}
+	if cfg.claimType != nil {
+		if u, ok := cfg.claimType.(interface{ IsList() bool }); ok && u.IsList() {
+			return nil, fmt.Errorf("%w: WithClaimType: %T is a list", ErrInvalidOption, cfg.claimType)
+		}
+		if _, ok := cfg.claimType.(*unstructured.Unstructured); ok && cfg.claimType.GetObjectKind().GroupVersionKind().Empty() {
+			return nil, fmt.Errorf("%w: WithClaimType: an unstructured object needs its apiVersion and kind", ErrInvalidOption)
+		}
 	}
 	if cfg.markMigrate && cfg.markKey == "" {
 		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithoutPodMarks", ErrInvalidOption)

@@ -178,7 +178,10 @@ type machine struct {
 	clock *clocktesting.FakeClock
 	opts  []allocator.Option
 	marks bool // WithPodMarks
-	a     allocator.Allocator
+	// sorted runs the allocator on store.Sorted instead of the default
+	// store.InMemory.
+	sorted bool
+	a      allocator.Allocator
 
 	// mu guards the fields below it, written by the interceptor and the
 	// recycler from the allocator's goroutines.
@@ -251,6 +254,7 @@ func newMachine(t *rapid.T, b *backend, stats *propertyStats, id int) *machine {
 	if m.marks = rapid.Bool().Draw(t, "pod marks"); !m.marks {
 		m.opts = append(m.opts, allocator.WithoutPodMarks())
 	}
+	m.sorted = rapid.Bool().Draw(t, "sorted store")
 	m.recAuto = rapid.IntRange(0, 3).Draw(t, "recycler finishes everything unless 0") > 0
 	m.newAllocator()
 	for _, pool := range m.pools {
@@ -277,7 +281,13 @@ func (m *machine) must(err error, what string) {
 }
 
 func (m *machine) newAllocator() {
-	a, err := allocator.New(m.c, m.opts...)
+	opts := m.opts
+	if m.sorted {
+		// The second, independent store implementation; each allocator
+		// instance starts with an empty one, as after a restart.
+		opts = append(slices.Clone(opts), allocator.WithStore(store.NewSorted()))
+	}
+	a, err := allocator.New(m.c, opts...)
 	m.must(err, "allocator.New")
 	m.a = a
 	m.recovered = make(map[types.NamespacedName]bool)
@@ -644,6 +654,7 @@ func (m *machine) check(t *rapid.T) {
 		stores[pool] = m.snapshot(pool)
 	}
 	errs := []error{
+		allocator.CheckInvariants(m.a),
 		model.CheckExclusive(stores, m.m),
 		model.CheckIsolated(stores, m.m),
 		model.CheckFinalizers(m.m),

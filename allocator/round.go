@@ -19,10 +19,12 @@ import (
 )
 
 // Quarantine is how long pods named in a write whose outcome is unknown (a
-// timeout after the API server may have applied it) stay out of the pool
-// before the allocator reads the claim again to settle it. It is longer than
-// the API server's own request timeout (60 s), so a write still in flight
-// has landed or failed by then.
+// timeout after the API server may have applied it), or marked by another
+// allocator for a claim whose record does not list them yet, stay out of
+// the pool before the allocator reads the claim again to settle them. It is
+// longer than the API server's own request timeout (60 s), so a write still
+// in flight has landed or failed by then. It serves liveness only: a pod is
+// settled by a write that fences any write still in flight, not by waiting.
 const Quarantine = 2 * time.Minute
 
 // round is the state of one Round call. It runs with the pool's mu held.
@@ -193,6 +195,7 @@ func (r *round) settle() {
 		if !ci.listed {
 			if len(ci.held) == 0 && !r.hasReservations(ci) {
 				delete(p.dirty, ci)
+				r.setStrays(ci, nil)
 				if p.claims[ci.uid] == ci {
 					delete(p.claims, ci.uid)
 					p.removeClaim(ci)
@@ -478,6 +481,9 @@ func (r *round) observePod(pod *corev1.Pod) {
 	p.seePod(pi)
 	if pi.unchanged(pod.ResourceVersion) {
 		return
+	}
+	if n := rvNum(pod.ResourceVersion); pi.present && n != 0 && n < rvNum(pi.rv) {
+		return // older than what is known (a lagging listing after a live read)
 	}
 	pi.present = true
 	pi.rv = pod.ResourceVersion
@@ -825,12 +831,19 @@ func (r *round) observeClaim(c Claim) error {
 	}
 	p.seeClaim(ci)
 	ci.listed = true
+	ci.setSince(time.Time{})
 	return nil
 }
 
 // claimGone records that a claim left the pool's listing: deleted,
 // force-deleted or moved. Its pods are given back.
 func (r *round) claimGone(ci *claimInfo) {
+	if ci.listed && ci.since().IsZero() {
+		// It may be gone, moved, or missing from a lagging listing: its
+		// pods are given back once it is found deleted, or once it has
+		// been missing for a Quarantine (see queueOrphans).
+		ci.setSince(r.now)
+	}
 	ci.listed = false
 	r.p.dirty[ci] = struct{}{}
 }
@@ -1136,6 +1149,10 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			if pi == nil || !r.p.candidate(pi) {
 				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
 			}
+			// The store is the index of holdings: it must agree.
+			if h, held, err := r.a.cfg.store.HolderOf(r.p.name, pod); err != nil || held {
+				return fmt.Errorf("claim %s: pod %s is held by %v in the store (%v)", g.Claim, pod, h, err)
+			}
 			if _, dup := taken[pod]; dup {
 				return fmt.Errorf("pod %s allocated twice", pod)
 			}
@@ -1180,10 +1197,10 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 }
 
 // queueOrphans gives back every pod held by a claim that is not in the
-// listing any more: deleted, force-deleted or moved to another pool. A
-// claim known only from pod marks may just be missing from a lagging
-// listing: its pods are given back once it is found deleted, or once it
-// has been missing for a Quarantine.
+// listing any more: deleted, force-deleted or moved to another pool. As it
+// may just be missing from a lagging listing, its pods are given back once
+// a live read finds it deleted, or once it has been missing for a
+// Quarantine.
 func (r *round) queueOrphans() {
 	for ci := range r.p.dirty {
 		if ci.listed || len(ci.held) == 0 {

@@ -1,0 +1,4 @@
+package allocator
+
+// CheckInvariants runs the allocator's self-check (see checkInvariants).
+func CheckInvariants(a Allocator) error { return a.(*defaultAllocator).checkInvariants() }

@@ -1,0 +1,198 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// checkInvariants checks that every pool's state is consistent with itself
+// and with the store, the index of holdings: the free list holds exactly
+// the candidates, each held pod's holder and the store agree, and the sets
+// the rounds visit (recycling, reserved, settling, lost) hold exactly the
+// pods whose state says so. Tests and the property machine call it after
+// every step; it takes each pool's lock in turn, skipping pools whose round
+// is in progress.
+func (a *defaultAllocator) checkInvariants() error {
+	a.mu.Lock()
+	pools := make([]*pool, 0, len(a.pools))
+	for _, p := range a.pools {
+		pools = append(pools, p)
+	}
+	a.mu.Unlock()
+	var errs []error
+	for _, p := range pools {
+		if !p.mu.TryLock() {
+			continue
+		}
+		err := p.checkInvariants(a)
+		p.mu.Unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pool %s: %w", p.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *pool) checkInvariants(a *defaultAllocator) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for i, c := range p.free {
+		pi := p.pods[c.Name]
+		switch {
+		case pi == nil:
+			bad("free[%d] %s has no entry", i, c.Name)
+		case int(pi.freeIdx) != i:
+			bad("free[%d] %s has index %d", i, c.Name, pi.freeIdx)
+		case !p.candidate(pi):
+			bad("free[%d] %s is not a candidate", i, c.Name)
+		}
+	}
+	held := 0
+	strays := make(map[string]int)
+	for _, ci := range p.claims {
+		n, err := a.cfg.store.Count(p.name, ci.uid)
+		if err != nil {
+			bad("store: count of claim %s: %v", ci.name, err)
+		} else if n != len(ci.held) {
+			bad("claim %s holds %d pods, the store says %d", ci.name, len(ci.held), n)
+		}
+		recycling := 0
+		for i, pi := range ci.held {
+			held++
+			if pi.holder != ci {
+				bad("pod %s is in claim %s's holdings, its holder is %v", pi.name, ci.name, pi.holder)
+			}
+			if int(pi.heldIdx) != i {
+				bad("pod %s is held[%d] of claim %s, its index says %d", pi.name, i, ci.name, pi.heldIdx)
+			}
+			if p.pods[pi.name] != pi {
+				bad("pod %s held by claim %s is not the pool's entry", pi.name, ci.name)
+			}
+			if pi.recycling {
+				recycling++
+			}
+		}
+		if recycling != ci.recycling {
+			bad("claim %s counts %d pods recycling, %d are", ci.name, ci.recycling, recycling)
+		}
+		for _, name := range ci.strays() {
+			strays[name]++
+		}
+		if ci.listed && !ci.since().IsZero() {
+			bad("claim %s is listed and missing since %v", ci.name, ci.since())
+		}
+		if ci.obj != nil && ci.meta != nil {
+			bad("claim %s keeps both its object and its metadata", ci.name)
+		}
+		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].ci != ci {
+			bad("claim %s is not at its place %d in claimSeen", ci.name, ci.idx)
+		}
+	}
+	snap, err := a.cfg.store.Snapshot(p.name)
+	if err != nil {
+		bad("store: snapshot: %v", err)
+	} else if len(snap) != held {
+		bad("the pool's claims hold %d pods, the store %d", held, len(snap))
+	}
+	for name, pi := range p.pods {
+		if pi.name != name {
+			bad("entry %s is for pod %s", name, pi.name)
+		}
+		if (pi.freeIdx >= 0) != p.candidate(pi) {
+			bad("pod %s: in the free list %t, candidate %t", name, pi.freeIdx >= 0, p.candidate(pi))
+		}
+		roles := 0
+		if pi.holder != nil {
+			roles++
+			if h := pi.holder; int(pi.heldIdx) >= len(h.held) || h.held[pi.heldIdx] != pi {
+				bad("pod %s names holder %s, which does not hold it", name, pi.holder.name)
+			}
+			if h, ok := snap[name]; !ok || h.UID != pi.holder.uid {
+				bad("pod %s is held by %s, the store says %v (held %t)", name, pi.holder.name, h, ok)
+			}
+		} else if h, ok := snap[name]; ok {
+			bad("pod %s is free, the store says %s holds it", name, h)
+		}
+		if pi.reservedBy != nil {
+			roles++
+			if p.reserved[name] != pi {
+				bad("pod %s is reserved, not in the reserved set", name)
+			}
+		}
+		if pi.settleFor != nil {
+			roles++
+			if p.settling[name] != pi {
+				bad("pod %s is settling, not in the settling set", name)
+			}
+		}
+		if roles > 1 {
+			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, pi.holder != nil, pi.reservedBy != nil, pi.settleFor != nil)
+		}
+		if pi.recycling != (p.recycling[name] == pi) {
+			bad("pod %s: recycling %t, in the recycling set %t", name, pi.recycling, p.recycling[name] == pi)
+		}
+		if pi.recycling && pi.holder == nil {
+			bad("pod %s is recycling and held by no claim", name)
+		}
+		lost := pi.holder != nil && !pi.recycling && (!pi.present || !pi.ready)
+		if _, in := p.lost[name]; in != lost {
+			bad("pod %s: lost %t, in the lost set %t", name, lost, in)
+		}
+		if strays[name] != int(pi.strays) {
+			bad("pod %s counts %d stray entries, records have %d", name, pi.strays, strays[name])
+		}
+		if pi.next != nil && pi.next.uid == pi.uid {
+			bad("pod %s waits for itself", name)
+		}
+		if pi.waiting || pi.next != nil && !pi.next.waiting {
+			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, pi.next != nil && pi.next.waiting)
+		}
+		for _, e := range []*podInfo{pi, pi.next} {
+			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].pi != e) {
+				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid, e.idx)
+			}
+		}
+	}
+	// The dense arrays hold exactly the entries and their next pods (scan
+	// relies on it).
+	nexts := 0
+	for _, pi := range p.pods {
+		if pi.next != nil {
+			nexts++
+		}
+	}
+	if len(p.podSeen) != len(p.pods)+nexts {
+		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), len(p.pods), nexts)
+	}
+	if len(p.claimSeen) != len(p.claims) {
+		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), len(p.claims))
+	}
+	for i, s := range p.podSeen {
+		if int(s.pi.idx) != i {
+			bad("podSeen[%d] %s has index %d", i, s.pi.name, s.pi.idx)
+		}
+	}
+	for name, pi := range p.reserved {
+		if p.pods[name] != pi || pi.reservedBy == nil {
+			bad("reserved pod %s is not reserved", name)
+		}
+	}
+	for name, pi := range p.settling {
+		if p.pods[name] != pi || pi.settleFor == nil {
+			bad("settling pod %s is not settling", name)
+		}
+	}
+	for name, pi := range p.recycling {
+		if p.pods[name] != pi {
+			bad("recycling pod %s has no entry", name)
+		}
+	}
+	for name := range strays {
+		if p.pods[name] == nil {
+			bad("stray entry %s has no pod entry", name)
+		}
+	}
+	slices.SortFunc(errs, func(x, y error) int { return compareStrings(x.Error(), y.Error()) })
+	return errors.Join(errs...)
+}

@@ -1,0 +1,279 @@
+package allocator_test
+
+// Plain regression tests for bugs the property machines found while pod
+// marks became the fence (issue 9). Each names the bug it pins.
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// A claim force-deleted while it held several pods: after a restart every
+// one of its marked pods is held by the orphan and recycled, not only the
+// first one met (the others were taken for hand-outs still in flight).
+func TestRegressionOrphanPodsAllHeldAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 4, true)
+	require.NoError(t, err)
+	keep := testenv.NewClaim("ns", "keep", "p", 0)
+	gone := testenv.NewClaim("ns", "gone", "p", 3)
+	keep.UID, gone.UID = "uid-keep", "uid-gone"
+	require.NoError(t, c.Create(ctx, keep))
+	require.NoError(t, c.Create(ctx, gone))
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	require.Len(t, res.Allocated[0].Pods, 3)
+	handed := res.Allocated[0].Pods
+
+	// Force-delete it while no allocator runs.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(gone), gone))
+	gone.Finalizers = nil
+	require.NoError(t, c.Update(ctx, gone))
+	require.NoError(t, c.Delete(ctx, gone))
+
+	var recycled []string
+	b, err := allocator.New(c, allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+		require.Equal(t, types.UID("uid-gone"), req.Claim.UID)
+		recycled = append(recycled, req.Pod)
+		return true, nil
+	}))
+	require.NoError(t, err)
+	res, err = world.Round(ctx, b, c, pool)
+	require.NoError(t, err)
+	require.ElementsMatch(t, handed, recycled, "every pod of the orphan is recycled in the first round")
+	require.NoError(t, allocator.CheckInvariants(b))
+	res, err = world.Round(ctx, b, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Idle, 4, "and free after its marks are gone")
+}
+
+// A claim's write of unknown outcome that landed, then a round on a listing
+// from before the claim existed: the claim looks gone, and the write that
+// gives its held pod back (based on a live read) must keep the pods the
+// landed write added, not drop them unreleased.
+func TestRegressionLiveBasedWriteKeepsReservedPods(t *testing.T) {
+	ctx := context.Background()
+	var failNext, failGet atomic.Bool
+	c := newFakeClient(t, &interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, claim := obj.(*testenv.Claim); claim && failNext.CompareAndSwap(true, false) {
+				if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+					return err
+				}
+				failGet.Store(true) // and the read-back fails: the outcome stays unknown
+				return apierrors.NewTimeoutError("injected: landed, then timed out", 1)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, claim := obj.(*testenv.Claim); claim && failGet.CompareAndSwap(true, false) {
+				return apierrors.NewTimeoutError("injected read timeout", 1)
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 3, true)
+	require.NoError(t, err)
+	stale, err := world.Input(ctx, c, pool) // before the claim exists
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 1)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	a, err := allocator.New(c, allocator.WithClock(clocktesting.NewFakeClock(time.Now())))
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 3
+	require.NoError(t, c.Update(ctx, cl))
+	failNext.Store(true)
+	_, err = world.Round(ctx, a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	before := recordOn(t, c, "c")
+	require.Len(t, before.Held(), 3, "the write landed")
+
+	_, _ = a.Round(ctx, stale)
+	require.NoError(t, allocator.CheckInvariants(a))
+	after := recordOn(t, c, "c")
+	for _, p := range before.Held() {
+		if !slices.Contains(after.Held(), p) {
+			require.Contains(t, after.Released, p, "pod %s left the record without being released", p)
+		}
+	}
+}
+
+// recordOn reads claim name's record (default keys) from the server.
+func recordOn(t *testing.T, c client.Client, name string) syncer.Record {
+	t.Helper()
+	var cl testenv.Claim
+	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, &cl))
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	rec, err := s.Read(&cl)
+	require.NoError(t, err)
+	return rec
+}
+
+// A pool whose only claim was force-deleted while no allocator ran is
+// listed with no claims: the allocator cannot learn the claim type from the
+// listing to confirm the claim is gone. With WithClaimType it can, and the
+// orphan's pod is recycled; without it the pod stays out of the pool and
+// the round says why (the liveness check of the many-allocator machine).
+func TestRegressionOrphanInPoolWithoutClaims(t *testing.T) {
+	for _, withType := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with-claim-type", false: "without"}[withType], func(t *testing.T) {
+			ctx := context.Background()
+			c := newFakeClient(t, nil)
+			pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+			_, err := testenv.CreatePods(ctx, c, "ns", "p", 2, true)
+			require.NoError(t, err)
+			cl := testenv.NewClaim("ns", "c", "p", 1)
+			cl.UID = "uid-c"
+			require.NoError(t, c.Create(ctx, cl))
+			a, err := allocator.New(c)
+			require.NoError(t, err)
+			_, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+			cl.Finalizers = nil
+			require.NoError(t, c.Update(ctx, cl))
+			require.NoError(t, c.Delete(ctx, cl))
+
+			clk := clocktesting.NewFakeClock(time.Now())
+			opts := []allocator.Option{allocator.WithClock(clk)}
+			if withType {
+				opts = append(opts, allocator.WithClaimType(&testenv.Claim{}))
+			}
+			b, err := allocator.New(c, opts...)
+			require.NoError(t, err)
+			var res allocator.Result
+			for range 2 {
+				res, err = world.Round(ctx, b, c, pool)
+				clk.Step(allocator.Quarantine) // no claim listed may lag that long
+			}
+			if withType {
+				require.NoError(t, err)
+				require.Len(t, res.Idle, 2, "the orphan's pod is recycled and free")
+				return
+			}
+			require.Error(t, err)
+			require.ErrorContains(t, err, "type is unknown")
+			require.Len(t, res.Idle, 1, "the orphan's pod stays out of the pool")
+		})
+	}
+}
+
+// A pod being settled for a claim (marked for it, not in its record) whose
+// mark another allocator removes meanwhile is free again: it must not stay
+// out of the pool for good (the many-allocator machine's liveness check).
+func TestRegressionSettlingPodFreedWhenItsMarkGoes(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	pods, err := testenv.CreatePods(ctx, c, "ns", "p", 1, true)
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 0)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	// Another allocator marked p-0 for c, then c changed: its record, newer
+	// than the mark, does not list the pod.
+	pod := &pods[0]
+	markPod(t, c, pod, "c/uid-c")
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 1
+	require.NoError(t, c.Update(ctx, cl))
+
+	a, err := allocator.New(c, allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
+		return false, nil // not yet
+	}))
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated, "the pod is settled for c, not handed out as it is")
+	require.Equal(t, 1, res.Shortfall)
+
+	// The other allocator finishes first and removes the mark.
+	markPod(t, c, pod, "")
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.NoError(t, allocator.CheckInvariants(a))
+	require.Equal(t, []string{"p-0"}, grantsTo(res, "c"), "free again, and handed out")
+}
+
+// A listing that lags a live read of a pod must not make the allocator
+// forget the pod's mark: a write would then drop the held pod from its
+// claim's record (the many-allocator machine's I11 check).
+func TestRegressionStalePodListingDoesNotUndoALiveRead(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 2, true)
+	require.NoError(t, err)
+	staleIn, err := world.Input(ctx, c, pool) // pods unmarked
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 1)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	other, err := allocator.New(c)
+	require.NoError(t, err)
+	_, err = world.Round(ctx, other, c, pool) // marks a pod for c, writes c's record
+	require.NoError(t, err)
+	held := recordOn(t, c, "c").Held()
+	require.Len(t, held, 1)
+
+	// A second allocator: its pod listing lags (pods unmarked), its claim
+	// listing does not. It reads the pod live to settle that, then gets the
+	// stale pod listing again while c wants a second pod.
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in := allocator.Input{Pool: pool, Pods: staleIn.Pods, Claims: fresh.Claims}
+	_, err = a.Round(ctx, in)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 2
+	require.NoError(t, c.Update(ctx, cl))
+	fresh, err = world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in = allocator.Input{Pool: pool, Pods: staleIn.Pods, Claims: fresh.Claims}
+	_, _ = a.Round(ctx, in)
+	require.Subset(t, recordOn(t, c, "c").Held(), held, "the held pod stays in the record")
+}
+
+// markPod sets (or, with "", removes) pod's mark annotation.
+func markPod(t *testing.T, c client.Client, pod *corev1.Pod, mark string) {
+	t.Helper()
+	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(pod), pod))
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	if mark == "" {
+		delete(pod.Annotations, allocator.DefaultPodMarkKey)
+	} else {
+		pod.Annotations[allocator.DefaultPodMarkKey] = mark
+	}
+	require.NoError(t, c.Update(context.Background(), pod))
+}
