@@ -31,14 +31,13 @@ import (
 // holding 80% of them, all recorded on a fake API server and recovered by
 // the allocator.
 type benchPool struct {
-	c      client.Client
-	a      allocator.Allocator
-	pool   types.NamespacedName
-	in     allocator.Input
-	next   int // claims created so far
-	free   int // pods still free
-	per    int
-	claims []allocator.Claim
+	c    client.Client
+	a    allocator.Allocator
+	pool types.NamespacedName
+	in   allocator.Input
+	next int // claims created so far
+	free int // pods still free
+	per  int
 }
 
 func readyPod(ns, name string) corev1.Pod {
