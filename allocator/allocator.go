@@ -531,19 +531,13 @@ type podInfo struct {
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
 	strays int32
-	// reservedBy is set while a write that may have handed the pod to that
-	// claim has an unknown outcome: the pod is not a candidate until the
-	// outcome is settled, no earlier than reservedUntil (see reserve).
-	reservedBy *claimInfo
 	// settleFor is set (pod marks) while the pod is marked for that claim
 	// but its record does not list it as held: whoever marked it, the pod
 	// is recycled for that claim and recorded as released before the mark
 	// is removed (DESIGN I13).
 	settleFor *claimInfo
-	// next is a newer pod under the same name (another UID), waiting for
-	// this one to be released: it takes this entry's place then.
-	next *podInfo
-	// more is what few pods need, nil when empty.
+	// more is what few pods need, nil when empty: see reservedBy and
+	// nextPod.
 	more *podMore
 }
 
@@ -552,8 +546,51 @@ type podMore struct {
 	// oldRVs are resourceVersions the pod had before writes of ours: a
 	// listing showing one of them is older than what we know.
 	oldRVs []string
-	// reservedUntil is the end of the pod's reservation (reservedBy).
+	// reservedBy is set while a write that may have handed the pod to that
+	// claim has an unknown outcome: the pod is not a candidate until the
+	// outcome is settled, no earlier than reservedUntil (see reserve).
+	reservedBy    *claimInfo
 	reservedUntil time.Time
+	// next is a newer pod under the same name (another UID), waiting for
+	// this one to be released: it takes this entry's place then.
+	next *podInfo
+}
+
+func (pi *podInfo) reservedBy() *claimInfo {
+	if pi.more == nil {
+		return nil
+	}
+	return pi.more.reservedBy
+}
+
+func (pi *podInfo) nextPod() *podInfo {
+	if pi.more == nil {
+		return nil
+	}
+	return pi.more.next
+}
+
+func (pi *podInfo) setNextPod(next *podInfo) {
+	if pi.more == nil && next == nil {
+		return
+	}
+	pi.edit().next = next
+	pi.tidy()
+}
+
+// edit returns pi.more to change it, made if need be; tidy lets it go
+// again once empty.
+func (pi *podInfo) edit() *podMore {
+	if pi.more == nil {
+		pi.more = &podMore{}
+	}
+	return pi.more
+}
+
+func (pi *podInfo) tidy() {
+	if m := pi.more; m != nil && len(m.oldRVs) == 0 && m.reservedBy == nil && m.reservedUntil.IsZero() && m.next == nil {
+		pi.more = nil
+	}
 }
 
 func (pi *podInfo) oldRVs() []string {
@@ -573,16 +610,12 @@ func (pi *podInfo) reservedUntil() time.Time {
 // reserve reserves pi for ci until the given time, or with a nil ci and a
 // zero time ends its reservation.
 func (pi *podInfo) reserve(ci *claimInfo, until time.Time) {
-	pi.reservedBy = ci
-	switch {
-	case pi.more == nil && !until.IsZero():
-		pi.more = &podMore{reservedUntil: until}
-	case pi.more != nil:
-		pi.more.reservedUntil = until
-		if until.IsZero() && len(pi.more.oldRVs) == 0 {
-			pi.more = nil
-		}
+	if pi.more == nil && ci == nil && until.IsZero() {
+		return
 	}
+	m := pi.edit()
+	m.reservedBy, m.reservedUntil = ci, until
+	pi.tidy()
 }
 
 // podPlace is where a pod runs.
@@ -614,7 +647,7 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
-	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy == nil &&
+	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy() == nil &&
 		pi.mark == "" && pi.settleFor == nil && pi.strays == 0 && p.pods[pi.name] == pi
 }
 

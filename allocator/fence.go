@@ -140,7 +140,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		switch {
 		case pi.holder == ci:
 			return true
-		case pi.reservedBy == ci:
+		case pi.reservedBy() == ci:
 			r.unreserve(ci, []*podInfo{pi}, true)
 			return pi.holder == ci
 		case pi.settleFor == ci:
@@ -152,7 +152,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 			}
 			r.startRecycling(ci, pi)
 			return true
-		case pi.holder == nil && pi.reservedBy == nil && pi.settleFor == nil:
+		case pi.holder == nil && pi.reservedBy() == nil && pi.settleFor == nil:
 			return r.allocate(ci, name)
 		}
 		return false
@@ -165,7 +165,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		}
 		return false
 	default:
-		if pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil {
+		if pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
 			return pi.holder == ci
 		}
 		if !verified && rvNum(pi.rv) < ci.recRV {
@@ -246,7 +246,7 @@ func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
 	if pi.settleFor == ci {
 		return
 	}
-	if pi.reservedBy != nil {
+	if pi.reservedBy() != nil {
 		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
@@ -302,7 +302,7 @@ func (r *round) maybeForget(pi *podInfo) {
 	if p.pods[pi.name] != pi {
 		return
 	}
-	if pi.present || pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil || pi.strays > 0 {
+	if pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.strays > 0 {
 		p.refreshFree(pi)
 		return
 	}
@@ -317,8 +317,8 @@ func (p *pool) dropPod(pi *podInfo) {
 	pi.present = false
 	p.refreshFree(pi)
 	p.removePod(pi)
-	if next := pi.next; next != nil {
-		pi.next = nil
+	if next := pi.nextPod(); next != nil {
+		pi.setNextPod(nil)
 		next.waiting = false
 		next.strays = pi.strays
 		p.pods[pi.name] = next
@@ -408,7 +408,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		if pi.settleFor != nil {
 			r.endSettle(pi)
 		}
-		if ci := pi.reservedBy; ci != nil {
+		if ci := pi.reservedBy(); ci != nil {
 			pi.reserve(nil, time.Time{})
 			delete(p.reserved, pi.name)
 			p.dirty[ci] = struct{}{}
@@ -437,8 +437,8 @@ func (r *round) resolveMark(pi *podInfo) {
 			r.addStray(ci, pi.name)
 		}
 	}
-	if pi.reservedBy != nil {
-		if pi.reservedBy.uid == h.UID {
+	if pi.reservedBy() != nil {
+		if pi.reservedBy().uid == h.UID {
 			return
 		}
 		pi.reserve(nil, time.Time{})

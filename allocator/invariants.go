@@ -114,7 +114,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		} else if h, ok := snap[name]; ok {
 			bad("pod %s is free, the store says %s holds it", name, h)
 		}
-		if pi.reservedBy != nil {
+		if pi.reservedBy() != nil {
 			roles++
 			if p.reserved[name] != pi {
 				bad("pod %s is reserved, not in the reserved set", name)
@@ -127,7 +127,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			}
 		}
 		if roles > 1 {
-			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, pi.holder != nil, pi.reservedBy != nil, pi.settleFor != nil)
+			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, pi.holder != nil, pi.reservedBy() != nil, pi.settleFor != nil)
 		}
 		if pi.recycling != (p.recycling[name] == pi) {
 			bad("pod %s: recycling %t, in the recycling set %t", name, pi.recycling, p.recycling[name] == pi)
@@ -142,13 +142,14 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if strays[name] != int(pi.strays) {
 			bad("pod %s counts %d stray entries, records have %d", name, pi.strays, strays[name])
 		}
-		if pi.next != nil && pi.next.uid == pi.uid {
+		next := pi.nextPod()
+		if next != nil && next.uid == pi.uid {
 			bad("pod %s waits for itself", name)
 		}
-		if pi.waiting || pi.next != nil && !pi.next.waiting {
-			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, pi.next != nil && pi.next.waiting)
+		if pi.waiting || next != nil && !next.waiting {
+			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, next != nil && next.waiting)
 		}
-		for _, e := range []*podInfo{pi, pi.next} {
+		for _, e := range []*podInfo{pi, next} {
 			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].pi != e) {
 				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid, e.idx)
 			}
@@ -158,7 +159,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	// relies on it).
 	nexts := 0
 	for _, pi := range p.pods {
-		if pi.next != nil {
+		if pi.nextPod() != nil {
 			nexts++
 		}
 	}
@@ -174,7 +175,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 	}
 	for name, pi := range p.reserved {
-		if p.pods[name] != pi || pi.reservedBy == nil {
+		if p.pods[name] != pi || pi.reservedBy() == nil {
 			bad("reserved pod %s is not reserved", name)
 		}
 	}

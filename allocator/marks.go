@@ -171,7 +171,7 @@ func (r *round) unmarkPods() {
 	for name, e := range r.p.unmark {
 		pi := r.p.pods[name]
 		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != e.uid ||
-			pi.holder != nil || pi.reservedBy != nil || pi.settleFor != nil {
+			pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
 			delete(r.p.unmark, name)
 			if pi != nil {
 				r.p.refreshFree(pi)
@@ -215,10 +215,7 @@ func (pi *podInfo) stalePodRV(rv string) {
 	if rv == "" {
 		return
 	}
-	if pi.more == nil {
-		pi.more = &podMore{}
-	}
-	m := pi.more
+	m := pi.edit()
 	if len(m.oldRVs) == maxRVs {
 		copy(m.oldRVs, m.oldRVs[1:])
 		m.oldRVs = m.oldRVs[:maxRVs-1]

@@ -523,7 +523,7 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		p.refreshFree(old)
 	}
 	p.seePod(old)
-	if old.holder == nil && old.reservedBy == nil && old.settleFor == nil {
+	if old.holder == nil && old.reservedBy() == nil && old.settleFor == nil {
 		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
@@ -531,27 +531,27 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		p.pods[old.name] = pi
 		p.addPod(pi)
 		p.removePod(old)
-		if old.next != nil {
-			p.removePod(old.next)
+		if next := old.nextPod(); next != nil {
+			p.removePod(next)
 		}
 		return pi
 	}
-	if old.next == nil || old.next.uid != uid {
-		if old.next != nil {
-			p.removePod(old.next)
+	if next := old.nextPod(); next == nil || next.uid != uid {
+		if next != nil {
+			p.removePod(next)
 		}
-		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1, waiting: true}
-		p.addPod(old.next)
+		old.setNextPod(&podInfo{name: old.name, uid: uid, freeIdx: -1, waiting: true})
+		p.addPod(old.nextPod())
 	}
-	return old.next
+	return old.nextPod()
 }
 
 // podGone records that a pod left the pool.
 func (r *round) podGone(name string, pi *podInfo) {
 	p := r.p
-	if pi.next != nil && !p.podSeenNow(pi.next) {
-		p.removePod(pi.next)
-		pi.next = nil
+	if next := pi.nextPod(); next != nil && !p.podSeenNow(next) {
+		p.removePod(next)
+		pi.setNextPod(nil)
 	}
 	if pi.present {
 		pi.present, pi.ready, pi.rv = false, false, ""
@@ -622,7 +622,8 @@ func (r *round) recover(claims []Claim) error {
 	}
 	for _, pi := range p.pods {
 		pi.holder, pi.recycling, pi.recycled = nil, false, false
-		pi.reservedBy, pi.settleFor, pi.strays = nil, nil, 0
+		pi.reserve(nil, time.Time{})
+		pi.settleFor, pi.strays = nil, 0
 	}
 	clear(p.recycling)
 	clear(p.lost)
@@ -865,7 +866,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 			inRecord++
 			continue
 		}
-		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy == ci {
+		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy() == ci {
 			continue // settled by settleReservations
 		}
 		if other, ok := r.a.heldElsewhere(ci.uid, r.p.name); ok {
@@ -892,7 +893,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
 	out := make(map[*claimInfo][]*podInfo)
 	for _, pi := range r.p.reserved {
-		out[pi.reservedBy] = append(out[pi.reservedBy], pi)
+		out[pi.reservedBy()] = append(out[pi.reservedBy()], pi)
 	}
 	return out
 }
@@ -901,7 +902,7 @@ func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
 func (r *round) reservedFor(ci *claimInfo) int {
 	n := 0
 	for _, pi := range r.p.reserved {
-		if pi.reservedBy == ci {
+		if pi.reservedBy() == ci {
 			n++
 		}
 	}
@@ -910,7 +911,7 @@ func (r *round) reservedFor(ci *claimInfo) int {
 
 func (r *round) hasReservations(ci *claimInfo) bool {
 	for _, pi := range r.p.reserved {
-		if pi.reservedBy == ci {
+		if pi.reservedBy() == ci {
 			return true
 		}
 	}
