@@ -142,7 +142,7 @@ func New(c client.Client, opts ...Option) (Allocator, error) {
 		protoObj:   cfg.claimType,
 		cfg:        cfg,
 		pools:      make(map[types.NamespacedName]*pool),
-		claimPools: make(map[types.UID]map[types.NamespacedName]struct{}),
+		claimPools: make(map[types.UID]*types.NamespacedName),
 	}, nil
 }
 
@@ -155,10 +155,13 @@ type defaultAllocator struct {
 	// before, and held only for map access.
 	mu    sync.Mutex
 	pools map[types.NamespacedName]*pool
-	// claimPools records, for each claim holding pods, the pools they are
-	// in. A claim moved from pool A to pool B is served in B only when it
-	// holds nothing in A any more.
-	claimPools map[types.UID]map[types.NamespacedName]struct{}
+	// claimPools records, for each claim holding pods, a pool they are in
+	// (pointing to the name its pool state keeps), and morePools the other
+	// pools, for the rare claim that holds pods in several. A claim moved
+	// from pool A to pool B is served in B only when it holds nothing in A
+	// any more.
+	claimPools map[types.UID]*types.NamespacedName
+	morePools  map[types.UID][]types.NamespacedName
 
 	// protoMu guards protoObj: a claim listed in some pool, whose Go type
 	// and kind serve to read claims known only from pod marks in pools
@@ -206,6 +209,13 @@ func (s readOnly) Snapshot(pool types.NamespacedName) (map[string]store.Holder, 
 }
 func (s readOnly) Pools() ([]types.NamespacedName, error) { return s.r.Pools() }
 
+// lookupPool returns the pool's state, nil if the allocator has none.
+func (a *defaultAllocator) lookupPool(name types.NamespacedName) *pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pools[name]
+}
+
 func (a *defaultAllocator) getPool(name types.NamespacedName) *pool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -226,7 +236,7 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 		defer p.mu.Unlock()
 		for _, c := range p.claims {
 			if len(c.held) > 0 {
-				a.setHolds(c.uid, name, false)
+				a.setHolds(c.uid, &p.name, false)
 			}
 		}
 	}
@@ -239,22 +249,41 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 	return nil
 }
 
-// setHolds records whether claim uid holds pods in pool.
-func (a *defaultAllocator) setHolds(uid types.UID, name types.NamespacedName, holds bool) {
+// setHolds records whether claim uid holds pods in pool name.
+func (a *defaultAllocator) setHolds(uid types.UID, name *types.NamespacedName, holds bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := a.claimPools[uid]
+	first := a.claimPools[uid]
+	more := a.morePools[uid]
 	if holds {
-		if m == nil {
-			m = make(map[types.NamespacedName]struct{}, 1)
-			a.claimPools[uid] = m
+		switch {
+		case first == nil:
+			a.claimPools[uid] = name
+		case *first != *name && !slices.Contains(more, *name):
+			if a.morePools == nil {
+				a.morePools = make(map[types.UID][]types.NamespacedName)
+			}
+			a.morePools[uid] = append(more, *name)
 		}
-		m[name] = struct{}{}
 		return
 	}
-	delete(m, name)
-	if len(m) == 0 {
+	switch {
+	case first == nil:
+		return
+	case *first == *name && len(more) == 0:
 		delete(a.claimPools, uid)
+		return
+	case *first == *name:
+		next := more[0]
+		a.claimPools[uid] = &next
+		more = more[1:]
+	default:
+		more = slices.DeleteFunc(more, func(n types.NamespacedName) bool { return n == *name })
+	}
+	if len(more) == 0 {
+		delete(a.morePools, uid)
+	} else {
+		a.morePools[uid] = more
 	}
 }
 
@@ -262,7 +291,10 @@ func (a *defaultAllocator) setHolds(uid types.UID, name types.NamespacedName, ho
 func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for other := range a.claimPools[uid] {
+	if first := a.claimPools[uid]; first != nil && *first != name {
+		return *first, true
+	}
+	for _, other := range a.morePools[uid] {
 		if other != name {
 			return other, true
 		}
@@ -279,9 +311,19 @@ type pool struct {
 	// recovered is set once the pool's allocations were rebuilt from the
 	// claims' records.
 	recovered bool
-	// gen counts rounds; objects seen in a round carry its gen.
+	// gen counts rounds; objects seen in a round carry its gen (see
+	// podSeen and claimSeen).
 	gen  uint64
 	pods map[string]*podInfo
+	// podSeen lists every podInfo of the pool, the entries of pods and the
+	// newer pods waiting in their next, each at its podInfo.idx with the
+	// gen of the round that last listed it. A round finds the pods missing
+	// from its listing by scanning this array, not the podInfos. Every
+	// podInfo in it but the waiting ones is the entry of pods under its
+	// name; every claimInfo in claimSeen the entry of claims under its UID.
+	podSeen []podStamp
+	// claimSeen does the same for the claims of claims (claimInfo.idx).
+	claimSeen []claimStamp
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
@@ -297,6 +339,8 @@ type pool struct {
 	// proto is a claim of the pool as listed: its Go type and kind are
 	// used to read claims known only from pod marks.
 	proto client.Object
+	// kinds are the Go types and kinds of the pool's claims (claimMeta).
+	kinds []*claimKind
 	// anyProto returns a claim listed in any pool, when this pool has none.
 	anyProto func() client.Object
 
@@ -325,6 +369,108 @@ type pool struct {
 	settling map[string]*podInfo
 	// tomark holds held pods recovered from records that carry no mark yet.
 	tomark map[string]types.UID
+	// places are the pods' podPlaces.
+	places map[podPlace]*podPlace
+}
+
+// podStamp is a podInfo and the gen of the round that last listed it.
+type podStamp struct {
+	pi   *podInfo
+	seen uint64
+}
+
+// claimStamp is a claimInfo and the gen of the round that last listed it.
+type claimStamp struct {
+	ci   *claimInfo
+	seen uint64
+}
+
+// addPod gives pi, a new entry of pods or a newer pod in an entry's next,
+// its place in podSeen. Every podInfo of the pool has one until dropped.
+func (p *pool) addPod(pi *podInfo) {
+	pi.idx = int32(len(p.podSeen))
+	p.podSeen = append(p.podSeen, podStamp{pi: pi})
+}
+
+// removePod takes pi's place in podSeen back: pi is no longer an entry of
+// pods nor an entry's next.
+func (p *pool) removePod(pi *podInfo) {
+	if p.podStamp(pi) == nil {
+		return
+	}
+	i := pi.idx
+	last := len(p.podSeen) - 1
+	p.podSeen[i] = p.podSeen[last]
+	p.podSeen[i].pi.idx = i
+	p.podSeen[last] = podStamp{}
+	p.podSeen = p.podSeen[:last]
+	pi.idx = -1
+	if cap(p.podSeen) > 64 && len(p.podSeen) < cap(p.podSeen)/4 {
+		p.podSeen = slices.Clone(p.podSeen)
+	}
+}
+
+// seePod records that pi is listed in this round.
+func (p *pool) seePod(pi *podInfo) {
+	if s := p.podStamp(pi); s != nil {
+		s.seen = p.gen
+	}
+}
+
+// podSeenNow reports whether pi was listed in this round.
+func (p *pool) podSeenNow(pi *podInfo) bool {
+	s := p.podStamp(pi)
+	return s != nil && s.seen == p.gen
+}
+
+func (p *pool) podStamp(pi *podInfo) *podStamp {
+	if i := pi.idx; i >= 0 && int(i) < len(p.podSeen) && p.podSeen[i].pi == pi {
+		return &p.podSeen[i]
+	}
+	return nil
+}
+
+// addClaim gives ci, a new entry of claims, its place in claimSeen.
+func (p *pool) addClaim(ci *claimInfo) {
+	ci.idx = int32(len(p.claimSeen))
+	p.claimSeen = append(p.claimSeen, claimStamp{ci: ci})
+}
+
+// removeClaim takes the place of ci, no longer an entry of claims, back.
+func (p *pool) removeClaim(ci *claimInfo) {
+	if p.claimStamp(ci) == nil {
+		return
+	}
+	i := ci.idx
+	last := len(p.claimSeen) - 1
+	p.claimSeen[i] = p.claimSeen[last]
+	p.claimSeen[i].ci.idx = i
+	p.claimSeen[last] = claimStamp{}
+	p.claimSeen = p.claimSeen[:last]
+	ci.idx = -1
+	if cap(p.claimSeen) > 64 && len(p.claimSeen) < cap(p.claimSeen)/4 {
+		p.claimSeen = slices.Clone(p.claimSeen)
+	}
+}
+
+// seeClaim records that ci is listed in this round.
+func (p *pool) seeClaim(ci *claimInfo) {
+	if s := p.claimStamp(ci); s != nil {
+		s.seen = p.gen
+	}
+}
+
+// claimSeenNow reports whether ci was listed in this round.
+func (p *pool) claimSeenNow(ci *claimInfo) bool {
+	s := p.claimStamp(ci)
+	return s != nil && s.seen == p.gen
+}
+
+func (p *pool) claimStamp(ci *claimInfo) *claimStamp {
+	if i := ci.idx; i >= 0 && int(i) < len(p.claimSeen) && p.claimSeen[i].ci == ci {
+		return &p.claimSeen[i]
+	}
+	return nil
 }
 
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
@@ -346,12 +492,30 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 // podInfo is what the pool knows of a pod: from the listing, and whether a
 // claim holds it (a mirror of the store, kept in step with it).
 type podInfo struct {
-	name, node, zone string
+	// The fields a round reads for every pod of a listing come first.
+
+	name string
 	// uid is the pod's UID: a pod listed under a known name with another
 	// UID is a new pod (see next).
-	uid            types.UID
-	rv             string
+	uid types.UID
+	rv  string
+	// idx is the pod's place in pool.podSeen, freeIdx in pool.free (-1
+	// when not there).
+	idx, freeIdx   int32
 	present, ready bool
+	// waiting is set while the pod is an entry's next.
+	waiting bool
+	// markOwn is set while mark is a value this allocator wrote itself at
+	// exactly markRV.
+	markOwn bool
+	// recycling is set while the pod is given back and not yet released;
+	// recycled once the recycler reported it done, so that a failed
+	// release write does not recycle it twice.
+	recycling, recycled bool
+
+	// place is the pod's node and zone, shared with the pool's other pods
+	// there.
+	place *podPlace
 	// mark is the pod's mark annotation as last seen or written (only with
 	// pod marks): "<claim name>/<claim uid>".
 	mark string
@@ -359,37 +523,94 @@ type podInfo struct {
 	// its value: the pod's resourceVersion when the allocator first saw
 	// the value, or its own write of it. 0 when unknown or unmarked.
 	markRV uint64
-	// markOwn is set while mark is a value this allocator wrote itself at
-	// exactly markRV.
-	markOwn bool
-	// oldRVs are resourceVersions the pod had before writes of ours: a
-	// listing showing one of them is older than what we know.
-	oldRVs []string
-	seen   uint64
-	// holder is the claim holding the pod, nil when free.
-	holder *claimInfo
-	// recycling is set while the pod is given back and not yet released;
-	// recycled once the recycler reported it done, so that a failed
-	// release write does not recycle it twice.
-	recycling, recycled bool
+	// holder is the claim holding the pod, nil when free; heldIdx is the
+	// pod's place in holder.held.
+	holder  *claimInfo
+	heldIdx int32
+	// strays counts the claims whose record lists the pod as held although
+	// they do not hold it (a record edited by hand, a pod recreated under
+	// the name, a stale record). Such a pod is not a candidate.
+	strays int32
 	// reservedBy is set while a write that may have handed the pod to that
 	// claim has an unknown outcome: the pod is not a candidate until the
-	// outcome is settled, no earlier than reservedUntil.
-	reservedBy    *claimInfo
-	reservedUntil time.Time
+	// outcome is settled, no earlier than reservedUntil (see reserve).
+	reservedBy *claimInfo
 	// settleFor is set (pod marks) while the pod is marked for that claim
 	// but its record does not list it as held: whoever marked it, the pod
 	// is recycled for that claim and recorded as released before the mark
 	// is removed (DESIGN I13).
 	settleFor *claimInfo
-	// strays counts the claims whose record lists the pod as held although
-	// they do not hold it (a record edited by hand, a pod recreated under
-	// the name, a stale record). Such a pod is not a candidate.
-	strays int
 	// next is a newer pod under the same name (another UID), waiting for
 	// this one to be released: it takes this entry's place then.
-	next    *podInfo
-	freeIdx int
+	next *podInfo
+	// more is what few pods need, nil when empty.
+	more *podMore
+}
+
+// podMore is what a podInfo needs only for some pods.
+type podMore struct {
+	// oldRVs are resourceVersions the pod had before writes of ours: a
+	// listing showing one of them is older than what we know.
+	oldRVs []string
+	// reservedUntil is the end of the pod's reservation (reservedBy).
+	reservedUntil time.Time
+}
+
+func (pi *podInfo) oldRVs() []string {
+	if pi.more == nil {
+		return nil
+	}
+	return pi.more.oldRVs
+}
+
+func (pi *podInfo) reservedUntil() time.Time {
+	if pi.more == nil {
+		return time.Time{}
+	}
+	return pi.more.reservedUntil
+}
+
+// reserve reserves pi for ci until the given time, or with a nil ci and a
+// zero time ends its reservation.
+func (pi *podInfo) reserve(ci *claimInfo, until time.Time) {
+	pi.reservedBy = ci
+	switch {
+	case pi.more == nil && !until.IsZero():
+		pi.more = &podMore{reservedUntil: until}
+	case pi.more != nil:
+		pi.more.reservedUntil = until
+		if until.IsZero() && len(pi.more.oldRVs) == 0 {
+			pi.more = nil
+		}
+	}
+}
+
+// podPlace is where a pod runs.
+type podPlace struct{ node, zone string }
+
+// maxPlaces bounds pool.places.
+const maxPlaces = 1 << 14
+
+// placeOf returns the podPlace of node and zone that the pool's pods
+// share.
+func (p *pool) placeOf(node, zone string) *podPlace {
+	k := podPlace{node: node, zone: zone}
+	if pl := p.places[k]; pl != nil {
+		return pl
+	}
+	if p.places == nil || len(p.places) >= maxPlaces {
+		p.places = make(map[podPlace]*podPlace)
+	}
+	p.places[k] = &k
+	return &k
+}
+
+func (pi *podInfo) candidateOf() algorithm.Candidate {
+	c := algorithm.Candidate{Name: pi.name}
+	if pi.place != nil {
+		c.Node, c.Zone = pi.place.node, pi.place.zone
+	}
+	return c
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
@@ -415,43 +636,80 @@ func (p *pool) refreshFree(pi *podInfo) {
 	want := p.candidate(pi)
 	switch {
 	case want && pi.freeIdx < 0:
-		pi.freeIdx = len(p.free)
-		p.free = append(p.free, algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone})
+		pi.freeIdx = int32(len(p.free))
+		p.free = append(p.free, pi.candidateOf())
 	case want:
-		p.free[pi.freeIdx] = algorithm.Candidate{Name: pi.name, Node: pi.node, Zone: pi.zone}
+		p.free[pi.freeIdx] = pi.candidateOf()
 	case !want && pi.freeIdx >= 0:
-		last := len(p.free) - 1
+		last := int32(len(p.free) - 1)
 		moved := p.free[last]
 		p.free[pi.freeIdx] = moved
 		p.pods[moved.Name].freeIdx = pi.freeIdx
+		p.free[last] = algorithm.Candidate{}
 		p.free = p.free[:last]
 		pi.freeIdx = -1
+		if cap(p.free) > 64 && int(last) < cap(p.free)/4 {
+			p.free = slices.Clone(p.free) // let the memory of a larger pool go
+		}
 	}
 }
 
 // claimInfo is what the pool knows of a claim.
 type claimInfo struct {
-	uid  types.UID
-	name types.NamespacedName
-	// obj is the newest version of the claim known: from the listing, a
-	// write, or a live read. Writes are based on it.
-	obj client.Object
+	// The fields a round reads for every claim of a listing come first.
+
+	uid types.UID
 	// rvs are resourceVersions already processed, newest last. A listed
 	// object with one of them is unchanged or older than obj: its record is
 	// not decoded again.
 	rvs []string
-
-	want        int
-	priority    int32
-	created     time.Time
-	terminating bool
-	seen        uint64
+	// meta (with the annotation syncer) or obj is the newest version of
+	// the claim known (see obj).
+	meta *claimMeta
+	// idx is the claim's place in pool.claimSeen.
+	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
-	listed bool
+	listed      bool
+	terminating bool
+	// rewrite is set when the claim's record differs from what it holds:
+	// its next write restores it.
+	rewrite bool
+	// unsettled is set after a write of unknown outcome, until a write of
+	// the claim succeeds: its record may legitimately differ meanwhile.
+	unsettled bool
+	// gone is set once a live read found the claim deleted (pod marks).
+	gone     bool
+	priority int32
 
-	// held are the pods the claim holds in this pool: a mirror of the
-	// store.
-	held map[string]*podInfo
+	// obj is the newest version of the claim known: from the listing, a
+	// write, or a live read. Writes are based on it. With the annotation
+	// syncer it is nil and meta keeps what writes need of it (see
+	// claimobj.go); object returns it either way.
+	obj     client.Object
+	name    types.NamespacedName
+	want    int
+	created time.Time
+
+	// held are the pods the claim holds in this pool, in no order: a
+	// mirror of the store. Each knows its place (podInfo.heldIdx); see
+	// pool.heldPod to find one by name.
+	held []*podInfo
+	// recycling counts the held pods being recycled.
+	recycling int
+
+	// With pod marks:
+	// recRV is the resourceVersion of the newest version of the claim whose
+	// record the allocator took in (listed, written, or read live).
+	recRV uint64
+
+	// more is what few claims need, nil when empty.
+	more *claimMore
+}
+
+// claimMore is what a claimInfo needs only for some claims: those with
+// releases, a record to mistrust, or known only from pod marks. See its
+// accessors and setters below.
+type claimMore struct {
 	// release is the owner's release list, as last decoded.
 	release []string
 	// released is the released list as last written or read.
@@ -460,27 +718,101 @@ type claimInfo struct {
 	// still lists them: a pod handed back to the same claim later is not
 	// released again on the strength of the old entry.
 	consumed map[string]struct{}
-	// recycling counts the held pods being recycled.
-	recycling int
 	// untrusted is set when the claim's record lists pods it does not hold.
 	untrusted error
-	// rewrite is set when the claim's record differs from what it holds:
-	// its next write restores it.
-	rewrite bool
-	// unsettled is set after a write of unknown outcome, until a write of
-	// the claim succeeds: its record may legitimately differ meanwhile.
-	unsettled bool
-
-	// With pod marks:
-	// recRV is the resourceVersion of the newest version of the claim whose
-	// record the allocator took in (listed, written, or read live).
-	recRV uint64
-	// strays are pods its record lists as held that it does not hold.
+	// strays are pods its record lists as held that it does not hold (pod
+	// marks).
 	strays []string
 	// since is when a claim known only from pod marks was first met.
 	since time.Time
-	// gone is set once a live read found the claim deleted.
-	gone bool
+}
+
+func (c *claimInfo) release() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.release
+}
+
+func (c *claimInfo) released() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.released
+}
+
+func (c *claimInfo) consumed(pod string) bool {
+	if c.more == nil {
+		return false
+	}
+	_, ok := c.more.consumed[pod]
+	return ok
+}
+
+func (c *claimInfo) strays() []string {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.strays
+}
+
+func (c *claimInfo) since() time.Time {
+	if c.more == nil {
+		return time.Time{}
+	}
+	return c.more.since
+}
+
+// edit returns c.more to change it, made if need be; tidy lets it go
+// again once empty.
+func (c *claimInfo) edit() *claimMore {
+	if c.more == nil {
+		c.more = &claimMore{}
+	}
+	return c.more
+}
+
+func (c *claimInfo) tidy() {
+	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() {
+		c.more = nil
+	}
+}
+
+func (c *claimInfo) setSince(t time.Time) {
+	if c.more != nil || !t.IsZero() {
+		c.edit().since = t
+		c.tidy()
+	}
+}
+
+func (c *claimInfo) setReleased(released []string) {
+	if c.more != nil || len(released) > 0 {
+		c.edit().released = released
+		c.tidy()
+	}
+}
+
+func (c *claimInfo) consume(pod string) {
+	m := c.edit()
+	if m.consumed == nil {
+		m.consumed = make(map[string]struct{})
+	}
+	m.consumed[pod] = struct{}{}
+}
+
+func (c *claimInfo) setUntrusted(err error) {
+	if c.more != nil || err != nil {
+		c.edit().untrusted = err
+		c.tidy()
+	}
+}
+
+func (c *claimInfo) setStrays(names []string) {
+	if c.more != nil || len(names) > 0 {
+		c.edit().strays = names
+		c.tidy()
+	}
 }
 
 const maxRVs = 4
@@ -491,7 +823,7 @@ const maxRVs = 4
 // practice: when both are numbers, an older one is recognised however many
 // versions ago it was; otherwise only the last few are remembered.
 func (c *claimInfo) sawRV(rv string) bool {
-	if slices.Contains(c.rvs, rv) {
+	if n := len(c.rvs); n > 0 && c.rvs[n-1] == rv || slices.Contains(c.rvs, rv) {
 		return true
 	}
 	if len(c.rvs) == 0 {
@@ -522,8 +854,8 @@ const maxForgotten = 4096
 // pool.
 func (p *pool) forget(ci *claimInfo) {
 	rv := ci.recRV
-	if ci.obj != nil {
-		rv = max(rv, rvNum(ci.obj.GetResourceVersion()))
+	if ci.known() {
+		rv = max(rv, rvNum(ci.objRV()))
 	}
 	if rv == 0 {
 		return

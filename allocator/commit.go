@@ -68,7 +68,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		for _, name := range pods {
 			pi := p.settling[name]
 			switch {
-			case slices.Contains(ci.released, name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
+			case slices.Contains(ci.released(), name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
 				r.endSettle(pi)
 				r.queueUnmark(pi, ci.uid, ci.recRV)
 			case ci.gone:
@@ -89,9 +89,9 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	}
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
-			for name, pi := range ci.held {
+			for _, pi := range ci.held {
 				if !pi.present && !pi.recycling {
-					get(ci).drop = append(get(ci).drop, name)
+					get(ci).drop = append(get(ci).drop, pi.name)
 				}
 			}
 		}
@@ -100,7 +100,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 		// A terminating claim that holds nothing but still carries the
 		// finalizer (a removal that failed, or a restart) gets it removed.
-		if ci.listed && ci.terminating && len(ci.held) == 0 && r.a.cfg.syncer.HasFinalizer(ci.obj) {
+		if ci.listed && ci.terminating && len(ci.held) == 0 && r.hasFinalizer(ci) {
 			get(ci)
 		}
 	}
@@ -120,11 +120,11 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
-			if r.marks() && ci.obj != nil {
+			if r.marks() && ci.known() {
 				// A write adds a pod only under a mark newer than the
 				// version it replaces: no one can have settled the pod
 				// since (that write would be newer).
-				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.obj.GetResourceVersion()) < pi.markRV
+				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.objRV()) < pi.markRV
 			}
 		}
 		if !ok {
@@ -141,7 +141,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		if frozen[ci] {
 			continue
 		}
-		if ci.obj != nil && ci.obj.GetDeletionTimestamp() != nil {
+		if ci.objDeleted() {
 			w.add = nil // I8: a terminating claim gets nothing new
 		}
 		slices.Sort(w.adopt)
@@ -171,14 +171,15 @@ func compareNames(x, y *claimInfo) int {
 }
 
 // desired is the record and finalizer state w asks for, given base, the
-// claim version the write is based on. The pods come from the allocator's
-// own view (the store), never from base's record, so a tampered record is
+// claim version the write is based on (own: the newest version of the
+// claim the allocator knows). The pods come from the allocator's own view
+// (the store), never from base's record, so a tampered record is
 // overwritten rather than trusted; only the owner's release list is read
 // from base.
-func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
+func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, bool) {
 	ci := w.ci
-	release := ci.release
-	if base != ci.obj {
+	release := ci.release()
+	if !own {
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			release = rec.Release
 		}
@@ -209,9 +210,9 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 			}
 		}
 	} else {
-		for name := range ci.held {
-			if _, ok := gone[name]; !ok {
-				allocated = append(allocated, name)
+		for _, pi := range ci.held {
+			if _, ok := gone[pi.name]; !ok {
+				allocated = append(allocated, pi.name)
 			}
 		}
 	}
@@ -222,7 +223,7 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 	// Released keeps the pods the owner still lists in release, so the
 	// owner can see they are done; a pod handed out again leaves it.
 	var released []string
-	for _, p := range ci.released {
+	for _, p := range ci.released() {
 		if slices.Contains(release, p) && !slices.Contains(w.add, p) {
 			released = append(released, p)
 		}
@@ -255,7 +256,8 @@ func (r *round) desired(w *write, base client.Object) (syncer.Record, bool) {
 // for the next round, when the listing shows the new version.
 func (r *round) do(w *write) {
 	s := r.a.cfg.syncer
-	base := w.ci.obj
+	base := w.ci.object()
+	own := base != nil
 	if base == nil {
 		// A claim known only from its pods' marks.
 		if w.ci.gone {
@@ -279,12 +281,12 @@ func (r *round) do(w *write) {
 			w.err = fmt.Errorf("read claim: %w", err)
 			return
 		}
-		base, w.fresh = live, live
+		base, w.fresh, own = live, live, false
 	}
 	if base.GetDeletionTimestamp() != nil {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
-	rec, fin := r.desired(w, base)
+	rec, fin := r.desired(w, base, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
 		!w.ci.rewrite && fin == s.HasFinalizer(base) {
 		w.obj, w.rec = base, rec
@@ -357,7 +359,7 @@ func (r *round) apply(w *write) {
 		ci.terminating = true // safe to learn from a live read: it never reverts
 	}
 	for _, name := range w.done {
-		if pi := ci.held[name]; pi != nil {
+		if pi := p.heldPod(ci, name); pi != nil {
 			pi.recycled = true
 		}
 	}
@@ -404,7 +406,7 @@ func (r *round) apply(w *write) {
 			ci.unsettled = true
 			for _, name := range w.add {
 				pi := p.pods[name]
-				pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+				pi.reserve(ci, r.now.Add(Quarantine))
 				p.reserved[name] = pi
 				p.refreshFree(pi)
 			}
@@ -415,7 +417,7 @@ func (r *round) apply(w *write) {
 			after = w.fresh
 		}
 		if w.obj != nil && ci.listed {
-			ci.obj = w.obj
+			p.setObj(ci, w.obj, r.a.cfg)
 			ci.addRV(w.obj.GetResourceVersion())
 			if w.obj.GetDeletionTimestamp() != nil {
 				ci.terminating = true
@@ -431,14 +433,11 @@ func (r *round) apply(w *write) {
 			}
 			r.setStrays(ci, nil)
 		}
-		ci.released = w.rec.Released
+		ci.setReleased(w.rec.Released)
 		ci.setRelease(w.rec.Release)
 		for _, name := range w.done {
-			if slices.Contains(ci.release, name) {
-				if ci.consumed == nil {
-					ci.consumed = make(map[string]struct{})
-				}
-				ci.consumed[name] = struct{}{}
+			if slices.Contains(ci.release(), name) {
+				ci.consume(name)
 			}
 		}
 		for _, name := range w.settled {
@@ -464,7 +463,7 @@ func (r *round) apply(w *write) {
 		}
 		for _, name := range w.adopt {
 			pi := p.pods[name]
-			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			pi.reserve(nil, time.Time{})
 			delete(p.reserved, name)
 		}
 		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
@@ -480,8 +479,9 @@ func (r *round) apply(w *write) {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
 			}
 		}
-		r.a.setHolds(ci.uid, p.name, len(ci.held) > 0)
-		ci.untrusted, ci.rewrite = nil, false
+		r.a.setHolds(ci.uid, &p.name, len(ci.held) > 0)
+		ci.setUntrusted(nil)
+		ci.rewrite = false
 		if w.obj != nil {
 			ci.unsettled = false
 		}

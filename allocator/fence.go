@@ -93,10 +93,12 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		return // older than what is known
 	}
 	ci.recRV = rv
-	ci.released = rec.Released
+	ci.setReleased(rec.Released)
 	held := rec.Held()
-	for name, pi := range ci.held {
-		if slices.Contains(held, name) {
+	// Backwards: toSettle takes pi out of ci.held, and only pi.
+	for i := len(ci.held) - 1; i >= 0; i-- {
+		pi := ci.held[i]
+		if slices.Contains(held, pi.name) {
 			continue
 		}
 		// The newer record no longer lists a pod ci held: whoever wrote it,
@@ -105,7 +107,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 	}
 	var strays []string
 	for _, name := range held {
-		if ci.held[name] != nil {
+		if r.p.heldPod(ci, name) != nil {
 			continue
 		}
 		if !r.takeName(ci, name, 0) {
@@ -195,12 +197,15 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 
 // allocate records in the store and the pool that ci holds pod name.
 func (r *round) allocate(ci *claimInfo, name string) bool {
+	if pi := r.p.pods[name]; pi != nil {
+		name = pi.name // the pod's own string, not the record's copy
+	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
 		r.errs = append(r.errs, r.claimErr(ci, err))
 		return false
 	}
 	r.hold(ci, name)
-	r.a.setHolds(ci.uid, r.p.name, true)
+	r.a.setHolds(ci.uid, &r.p.name, true)
 	return true
 }
 
@@ -212,7 +217,7 @@ func (r *round) drop(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	r.unhold(ci, pi.name, 0)
-	r.a.setHolds(ci.uid, r.p.name, len(ci.held) > 0)
+	r.a.setHolds(ci.uid, &r.p.name, len(ci.held) > 0)
 	r.p.dirty[ci] = struct{}{}
 }
 
@@ -242,7 +247,7 @@ func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	if pi.reservedBy != nil {
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
 	pi.settleFor, pi.recycled = ci, false
@@ -265,7 +270,7 @@ func (r *round) endSettle(pi *podInfo) {
 // setStrays replaces ci's stray entries.
 func (r *round) setStrays(ci *claimInfo, names []string) {
 	p := r.p
-	for _, name := range ci.strays {
+	for _, name := range ci.strays() {
 		if pi := p.pods[name]; pi != nil {
 			pi.strays--
 			r.maybeForget(pi)
@@ -276,7 +281,7 @@ func (r *round) setStrays(ci *claimInfo, names []string) {
 		pi.strays++
 		p.refreshFree(pi)
 	}
-	ci.strays = names
+	ci.setStrays(names)
 	if len(names) > 0 {
 		ci.rewrite = true
 		p.dirty[ci] = struct{}{}
@@ -285,10 +290,10 @@ func (r *round) setStrays(ci *claimInfo, names []string) {
 
 // addStray adds one stray entry to ci.
 func (r *round) addStray(ci *claimInfo, name string) {
-	if slices.Contains(ci.strays, name) {
+	if slices.Contains(ci.strays(), name) {
 		return
 	}
-	r.setStrays(ci, append(slices.Clone(ci.strays), name))
+	r.setStrays(ci, append(slices.Clone(ci.strays()), name))
 }
 
 // maybeForget drops the entry of a pod that is neither listed nor needed.
@@ -311,8 +316,10 @@ func (p *pool) dropPod(pi *podInfo) {
 	}
 	pi.present = false
 	p.refreshFree(pi)
+	p.removePod(pi)
 	if next := pi.next; next != nil {
 		pi.next = nil
+		next.waiting = false
 		next.strays = pi.strays
 		p.pods[pi.name] = next
 		p.refreshFree(next)
@@ -364,11 +371,11 @@ func (r *round) verifyPods() {
 			r.observePod(&j.pod)
 		}
 		for _, ci := range verify[j.pi] {
-			if !slices.Contains(ci.strays, j.pi.name) || ci.held[j.pi.name] != nil {
+			if !slices.Contains(ci.strays(), j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
 				continue
 			}
 			if r.takeName(ci, j.pi.name, podRead) {
-				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays), func(n string) bool { return n == j.pi.name }))
+				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.pi.name }))
 			}
 		}
 		if pi := r.p.pods[j.pi.name]; pi != nil {
@@ -402,7 +409,7 @@ func (r *round) resolveMark(pi *podInfo) {
 			r.endSettle(pi)
 		}
 		if ci := pi.reservedBy; ci != nil {
-			pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+			pi.reserve(nil, time.Time{})
 			delete(p.reserved, pi.name)
 			p.dirty[ci] = struct{}{}
 			p.refreshFree(pi)
@@ -434,7 +441,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		if pi.reservedBy.uid == h.UID {
 			return
 		}
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(p.reserved, pi.name)
 	}
 	if pi.settleFor != nil {
@@ -448,10 +455,11 @@ func (r *round) resolveMark(pi *podInfo) {
 	}
 	ci := p.claims[h.UID]
 	if ci == nil {
-		ci = &claimInfo{uid: h.UID, name: h.Claim, held: make(map[string]*podInfo), since: r.now}
+		ci = &claimInfo{uid: h.UID, name: h.Claim, more: &claimMore{since: r.now}}
 		p.claims[h.UID] = ci
+		p.addClaim(ci)
 	}
-	if ci.held[pi.name] != nil {
+	if p.heldPod(ci, pi.name) != nil {
 		return
 	}
 	if !ci.listed {
@@ -467,7 +475,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		return
 	}
 	// The mark is newer than the record known: a hand-out may be in flight.
-	pi.reservedBy, pi.reservedUntil = ci, r.now.Add(Quarantine)
+	pi.reserve(ci, r.now.Add(Quarantine))
 	p.reserved[pi.name] = pi
 	p.dirty[ci] = struct{}{}
 	p.refreshFree(pi)
@@ -502,7 +510,7 @@ func (r *round) confirmClaims() {
 	slices.SortFunc(jobs, func(x, y *job) int { return compareNames(x.ci, y.ci) })
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		base := j.ci.obj
+		base := j.ci.object()
 		if base == nil {
 			j.err = errNoProto
 			return
@@ -528,13 +536,13 @@ func (r *round) confirmClaims() {
 		}
 		var taken []string
 		for _, name := range j.names {
-			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays, name) && j.ci.held[name] == nil &&
+			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
 				r.takeName(j.ci, name, podRead|claimRead) {
 				taken = append(taken, name)
 			}
 		}
 		if len(taken) > 0 {
-			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays), func(n string) bool { return slices.Contains(taken, n) }))
+			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays()), func(n string) bool { return slices.Contains(taken, n) }))
 		}
 	}
 }

@@ -42,7 +42,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		switch {
 		case pi == nil:
 			bad("free[%d] %s has no entry", i, c.Name)
-		case pi.freeIdx != i:
+		case int(pi.freeIdx) != i:
 			bad("free[%d] %s has index %d", i, c.Name, pi.freeIdx)
 		case !p.candidate(pi):
 			bad("free[%d] %s is not a candidate", i, c.Name)
@@ -58,10 +58,16 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("claim %s holds %d pods, the store says %d", ci.name, len(ci.held), n)
 		}
 		recycling := 0
-		for name, pi := range ci.held {
+		for i, pi := range ci.held {
 			held++
 			if pi.holder != ci {
-				bad("pod %s is in claim %s's holdings, its holder is %v", name, ci.name, pi.holder)
+				bad("pod %s is in claim %s's holdings, its holder is %v", pi.name, ci.name, pi.holder)
+			}
+			if int(pi.heldIdx) != i {
+				bad("pod %s is held[%d] of claim %s, its index says %d", pi.name, i, ci.name, pi.heldIdx)
+			}
+			if p.pods[pi.name] != pi {
+				bad("pod %s held by claim %s is not the pool's entry", pi.name, ci.name)
 			}
 			if pi.recycling {
 				recycling++
@@ -70,8 +76,17 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if recycling != ci.recycling {
 			bad("claim %s counts %d pods recycling, %d are", ci.name, ci.recycling, recycling)
 		}
-		for _, name := range ci.strays {
+		for _, name := range ci.strays() {
 			strays[name]++
+		}
+		if ci.listed && !ci.since().IsZero() {
+			bad("claim %s is listed and missing since %v", ci.name, ci.since())
+		}
+		if ci.obj != nil && ci.meta != nil {
+			bad("claim %s keeps both its object and its metadata", ci.name)
+		}
+		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].ci != ci {
+			bad("claim %s is not at its place %d in claimSeen", ci.name, ci.idx)
 		}
 	}
 	snap, err := a.cfg.store.Snapshot(p.name)
@@ -90,7 +105,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		roles := 0
 		if pi.holder != nil {
 			roles++
-			if pi.holder.held[name] != pi {
+			if h := pi.holder; int(pi.heldIdx) >= len(h.held) || h.held[pi.heldIdx] != pi {
 				bad("pod %s names holder %s, which does not hold it", name, pi.holder.name)
 			}
 			if h, ok := snap[name]; !ok || h.UID != pi.holder.uid {
@@ -124,11 +139,38 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if _, in := p.lost[name]; in != lost {
 			bad("pod %s: lost %t, in the lost set %t", name, lost, in)
 		}
-		if strays[name] != pi.strays {
+		if strays[name] != int(pi.strays) {
 			bad("pod %s counts %d stray entries, records have %d", name, pi.strays, strays[name])
 		}
 		if pi.next != nil && pi.next.uid == pi.uid {
 			bad("pod %s waits for itself", name)
+		}
+		if pi.waiting || pi.next != nil && !pi.next.waiting {
+			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, pi.next != nil && pi.next.waiting)
+		}
+		for _, e := range []*podInfo{pi, pi.next} {
+			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].pi != e) {
+				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid, e.idx)
+			}
+		}
+	}
+	// The dense arrays hold exactly the entries and their next pods (scan
+	// relies on it).
+	nexts := 0
+	for _, pi := range p.pods {
+		if pi.next != nil {
+			nexts++
+		}
+	}
+	if len(p.podSeen) != len(p.pods)+nexts {
+		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), len(p.pods), nexts)
+	}
+	if len(p.claimSeen) != len(p.claims) {
+		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), len(p.claims))
+	}
+	for i, s := range p.podSeen {
+		if int(s.pi.idx) != i {
+			bad("podSeen[%d] %s has index %d", i, s.pi.name, s.pi.idx)
 		}
 	}
 	for name, pi := range p.reserved {

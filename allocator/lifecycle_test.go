@@ -284,10 +284,10 @@ func TestTerminatingClaimReleasesEverythingThenLosesFinalizer(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 3)
 	a := f.alloc()
-	c := f.claim("c", "p", 2)
+	f.claim("c", "p", 2)
 	f.round(a, pool)
 	// Another controller's finalizer must survive ours.
-	c = f.get("c")
+	c := f.get("c")
 	controllerutil.AddFinalizer(c, "example.com/other")
 	require.NoError(t, f.c.Update(f.ctx, c))
 	require.NoError(t, f.c.Delete(f.ctx, c))

@@ -215,9 +215,13 @@ func (pi *podInfo) stalePodRV(rv string) {
 	if rv == "" {
 		return
 	}
-	if len(pi.oldRVs) == maxRVs {
-		copy(pi.oldRVs, pi.oldRVs[1:])
-		pi.oldRVs = pi.oldRVs[:maxRVs-1]
+	if pi.more == nil {
+		pi.more = &podMore{}
 	}
-	pi.oldRVs = append(pi.oldRVs, rv)
+	m := pi.more
+	if len(m.oldRVs) == maxRVs {
+		copy(m.oldRVs, m.oldRVs[1:])
+		m.oldRVs = m.oldRVs[:maxRVs-1]
+	}
+	m.oldRVs = append(m.oldRVs, rv)
 }

@@ -115,6 +115,12 @@ type config struct {
 	replaceLost bool
 	zoneLabel   string
 	claimType   client.Object
+
+	// slimKeys are the keys of the syncer when it is the annotation
+	// syncer (see claimMeta), and ourFinalizers is a list of just its
+	// finalizer, shared by the claims that carry only that one.
+	slimKeys      *syncer.Keys
+	ourFinalizers []string
 }
 
 // WithStore replaces the in-memory store.
@@ -303,6 +309,11 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 		cfg.syncer = s
+	}
+	if s, ok := cfg.syncer.(*syncer.AnnotationSyncer); ok {
+		keys := s.Keys()
+		cfg.slimKeys = &keys
+		cfg.ourFinalizers = []string{keys.Finalizer}
 	}
 	if cfg.store == nil {
 		cfg.store = store.NewInMemory()

@@ -163,17 +163,16 @@ type event struct {
 
 // machine is the state of one history.
 type machine struct {
-	t      *rapid.T
-	ctx    context.Context
-	b      *backend
-	c      client.Client // the allocator's client, with faults
-	ns     [2]string
-	pools  []types.NamespacedName
-	stats  *propertyStats
-	ids    int
-	close  func()
-	steps  int
-	closed bool
+	t     *rapid.T
+	ctx   context.Context
+	b     *backend
+	c     client.Client // the allocator's client, with faults
+	ns    [2]string
+	pools []types.NamespacedName
+	stats *propertyStats
+	ids   int
+	close func()
+	steps int
 
 	clock *clocktesting.FakeClock
 	opts  []allocator.Option

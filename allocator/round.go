@@ -54,39 +54,70 @@ type round struct {
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
 	res := Result{Pool: in.Pool}
-	if err := validateInput(in); err != nil {
+	if err := validatePool(in.Pool); err != nil {
 		return res, err
 	}
-	p := a.getPool(in.Pool)
+	p := a.lookupPool(in.Pool)
+	checked := p == nil
+	if checked {
+		// A pool's first round: nothing to stamp yet, and no pool is made
+		// for an invalid input.
+		if err := validateInput(in); err != nil {
+			return res, err
+		}
+		p = a.getPool(in.Pool)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
 
-	for i := range in.Pods {
-		r.observePod(&in.Pods[i])
+	if len(p.pods) == 0 && len(in.Pods) > 0 {
+		p.pods = make(map[string]*podInfo, len(in.Pods))
+		p.podSeen = slices.Grow(p.podSeen, len(in.Pods))
 	}
-	for name, pi := range p.pods {
-		if pi.seen != p.gen {
-			r.podGone(name, pi)
+	pods, claims, err := r.scan(in.Pods, in.Claims, checked)
+	if err != nil {
+		return res, err
+	}
+	for _, pod := range pods {
+		r.observePod(pod)
+	}
+	var gone []*podInfo
+	for _, s := range p.podSeen {
+		if s.seen != p.gen && p.pods[s.pi.name] == s.pi {
+			gone = append(gone, s.pi)
 		}
+	}
+	for _, pi := range gone {
+		r.podGone(pi.name, pi)
 	}
 	if !p.recovered {
 		if err := r.recover(in.Claims); err != nil {
 			r.report()
 			return res, err
 		}
+		// Recovery made every claim anew: each one is observed.
+		claims = claims[:0]
+		for i := range in.Claims {
+			claims = append(claims, i)
+		}
 	}
-	for _, c := range in.Claims {
-		if err := r.observeClaim(c); err != nil {
+	r.setProto(in.Claims)
+	for _, i := range claims {
+		if err := r.observeClaim(in.Claims[i]); err != nil {
 			r.report()
 			return res, err
 		}
 	}
-	for _, ci := range p.claims {
-		if ci.seen != p.gen {
-			r.claimGone(ci)
+	var left []*claimInfo
+	for _, s := range p.claimSeen {
+		if s.seen != p.gen {
+			left = append(left, s.ci)
 		}
+	}
+	for _, ci := range left {
+		r.claimGone(ci)
 	}
 	r.listIdle = true
 	return r.run()
@@ -94,27 +125,32 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 
 func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, error) {
 	res := Result{Pool: ch.Pool}
-	if err := validateInput(Input{Pool: ch.Pool, Pods: ch.Pods, Claims: ch.Claims}); err != nil {
+	if err := validatePool(ch.Pool); err != nil {
 		return res, err
 	}
 	p := a.getPool(ch.Pool)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.gen++
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+	pods, claims, err := r.scan(ch.Pods, ch.Claims, false)
+	if err != nil {
+		return res, err
+	}
 	if !p.recovered {
 		return res, fmt.Errorf("%w: pool %s: Update before the pool's first Round", ErrInvalidInput, ch.Pool)
 	}
-	p.gen++
-	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
-	for i := range ch.Pods {
-		r.observePod(&ch.Pods[i])
+	for _, pod := range pods {
+		r.observePod(pod)
 	}
 	for _, name := range ch.DeletedPods {
 		if pi := p.pods[name]; pi != nil {
 			r.podGone(name, pi)
 		}
 	}
-	for _, c := range ch.Claims {
-		if err := r.observeClaim(c); err != nil {
+	r.setProto(ch.Claims)
+	for _, i := range claims {
+		if err := r.observeClaim(ch.Claims[i]); err != nil {
 			r.report()
 			return res, err
 		}
@@ -162,6 +198,7 @@ func (r *round) settle() {
 				r.setStrays(ci, nil)
 				if p.claims[ci.uid] == ci {
 					delete(p.claims, ci.uid)
+					p.removeClaim(ci)
 					p.forget(ci)
 				}
 			}
@@ -192,19 +229,19 @@ func (r *round) settled(ci *claimInfo) bool {
 		return false
 	}
 	if ci.terminating {
-		return len(ci.held) == 0 && !r.a.cfg.syncer.HasFinalizer(ci.obj)
+		return len(ci.held) == 0 && !r.hasFinalizer(ci)
 	}
 	if len(ci.held) != ci.want {
 		return false
 	}
-	for _, pod := range ci.release {
-		if _, done := ci.consumed[pod]; !done && ci.held[pod] != nil {
+	for _, pod := range ci.release() {
+		if !ci.consumed(pod) && r.p.heldPod(ci, pod) != nil {
 			return false
 		}
 	}
 	if r.a.cfg.replaceLost {
-		for name := range ci.held {
-			if _, lost := r.p.lost[name]; lost {
+		for _, pi := range ci.held {
+			if _, lost := r.p.lost[pi.name]; lost {
 				return false
 			}
 		}
@@ -212,44 +249,221 @@ func (r *round) settled(ci *claimInfo) bool {
 	return true
 }
 
+func validatePool(pool types.NamespacedName) error {
+	if pool.Name == "" || pool.Namespace == "" {
+		return fmt.Errorf("%w: pool %q: empty namespace or name", ErrInvalidInput, pool)
+	}
+	return nil
+}
+
+// validateInput checks a round's input (see scan) for a pool the allocator
+// does not know yet.
 func validateInput(in Input) error {
-	if in.Pool.Name == "" || in.Pool.Namespace == "" {
-		return fmt.Errorf("%w: pool %q: empty namespace or name", ErrInvalidInput, in.Pool)
+	if err := validatePool(in.Pool); err != nil {
+		return err
 	}
 	pods := make(map[string]struct{}, len(in.Pods))
 	for i := range in.Pods {
 		pod := &in.Pods[i]
-		if pod.Name == "" {
-			return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, in.Pool, i)
-		}
-		if pod.Namespace != in.Pool.Namespace {
-			return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, in.Pool, pod.Namespace, pod.Name)
+		if err := checkPod(in.Pool, i, pod); err != nil {
+			return err
 		}
 		if _, dup := pods[pod.Name]; dup {
-			return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, in.Pool, pod.Name)
+			return errPodTwice(in.Pool, pod.Name)
 		}
 		pods[pod.Name] = struct{}{}
 	}
 	uids := make(map[types.UID]struct{}, len(in.Claims))
 	for i, c := range in.Claims {
-		if c.Object == nil {
-			return fmt.Errorf("%w: pool %s: claim %d has a nil object", ErrInvalidInput, in.Pool, i)
-		}
-		name := client.ObjectKeyFromObject(c.Object)
-		switch {
-		case name.Namespace != in.Pool.Namespace:
-			return fmt.Errorf("%w: pool %s: claim %s is in another namespace", ErrInvalidInput, in.Pool, name)
-		case c.Object.GetUID() == "":
-			return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, in.Pool, name)
-		case c.Want < 0:
-			return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, in.Pool, name, c.Want)
+		if err := checkClaim(in.Pool, i, c); err != nil {
+			return err
 		}
 		if _, dup := uids[c.Object.GetUID()]; dup {
-			return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, in.Pool, name, c.Object.GetUID())
+			return errClaimTwice(in.Pool, c.Object)
 		}
 		uids[c.Object.GetUID()] = struct{}{}
 	}
 	return nil
+}
+
+func checkPod(pool types.NamespacedName, i int, pod *corev1.Pod) error {
+	if pod.Name == "" {
+		return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, pool, i)
+	}
+	if pod.Namespace != pool.Namespace {
+		return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, pool, pod.Namespace, pod.Name)
+	}
+	return nil
+}
+
+func errPodTwice(pool types.NamespacedName, name string) error {
+	return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, pool, name)
+}
+
+func checkClaim(pool types.NamespacedName, i int, c Claim) error {
+	if c.Object == nil {
+		return fmt.Errorf("%w: pool %s: claim %d has a nil object", ErrInvalidInput, pool, i)
+	}
+	if ns := c.Object.GetNamespace(); ns != pool.Namespace {
+		return fmt.Errorf("%w: pool %s: claim %s is in another namespace", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
+	}
+	switch {
+	case c.Object.GetUID() == "":
+		return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
+	case c.Want < 0:
+		return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), c.Want)
+	}
+	return nil
+}
+
+func errClaimTwice(pool types.NamespacedName, o client.Object) error {
+	return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, pool, client.ObjectKeyFromObject(o), o.GetUID())
+}
+
+// scan checks a round's pods and claims as validateInput does, stamps the
+// pods and claims the pool knows as listed in this round, and returns
+// those that observePod and observeClaim must take in: new or changed
+// ones (claims by index). A pod or claim the pool knows, unchanged, costs
+// a map lookup and a comparison. The stamps find the duplicates; a pool's
+// state is not changed when the input is refused.
+//
+// A listing in a stable order (a slice the caller keeps, or a List from the
+// API server, sorted by name) shows the pods and claims in the order of
+// podSeen and claimSeen, which are filled in listing order: scan looks for
+// each one first at the place after the previous one's, which costs no map
+// lookup. For a listing in another order (an informer cache's) it stops
+// looking there after maxHintMisses more misses than hits.
+//
+// With checked, the input was validated already (validateInput).
+func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1.Pod, []int, error) {
+	p := r.p
+	var changedPods []*corev1.Pod
+	var newPods map[string]struct{}
+	var h hint
+	for i := range pods {
+		pod := &pods[i]
+		if !checked {
+			if err := checkPod(p.name, i, pod); err != nil {
+				return nil, nil, err
+			}
+		}
+		var pi *podInfo
+		if h.try(len(p.podSeen)) {
+			if next := p.podSeen[h.next].pi; !next.waiting && next.name == pod.Name {
+				pi = next // the entry of pods under that name
+			}
+			h.count(pi != nil)
+		}
+		if pi == nil {
+			pi = p.pods[pod.Name]
+		}
+		if pi == nil && checked {
+			changedPods = append(changedPods, pod)
+			continue
+		}
+		if pi == nil {
+			if newPods == nil {
+				newPods = make(map[string]struct{})
+			}
+			if _, dup := newPods[pod.Name]; dup {
+				return nil, nil, errPodTwice(p.name, pod.Name)
+			}
+			newPods[pod.Name] = struct{}{}
+			changedPods = append(changedPods, pod)
+			continue
+		}
+		if p.podSeenNow(pi) {
+			return nil, nil, errPodTwice(p.name, pod.Name)
+		}
+		p.seePod(pi)
+		h.next = int(pi.idx) + 1
+		if (pi.uid != pod.UID && pod.UID != "") || !pi.unchanged(pod.ResourceVersion) {
+			changedPods = append(changedPods, pod)
+		}
+	}
+	var changedClaims []int
+	var newClaims map[types.UID]struct{}
+	h = hint{}
+	for i, c := range claims {
+		if !checked {
+			if err := checkClaim(p.name, i, c); err != nil {
+				return nil, nil, err
+			}
+		}
+		uid := c.Object.GetUID()
+		var ci *claimInfo
+		if h.try(len(p.claimSeen)) {
+			if next := p.claimSeen[h.next].ci; next.uid == uid {
+				ci = next // the entry of claims under uid
+			}
+			h.count(ci != nil)
+		}
+		if ci == nil {
+			ci = p.claims[uid]
+		}
+		if ci == nil && checked {
+			changedClaims = append(changedClaims, i)
+			continue
+		}
+		if ci == nil {
+			if newClaims == nil {
+				newClaims = make(map[types.UID]struct{})
+			}
+			if _, dup := newClaims[uid]; dup {
+				return nil, nil, errClaimTwice(p.name, c.Object)
+			}
+			newClaims[uid] = struct{}{}
+			changedClaims = append(changedClaims, i)
+			continue
+		}
+		if p.claimSeenNow(ci) {
+			return nil, nil, errClaimTwice(p.name, c.Object)
+		}
+		p.seeClaim(ci)
+		h.next = int(ci.idx) + 1
+		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || !ci.known() || !ci.listed {
+			changedClaims = append(changedClaims, i)
+		}
+	}
+	return changedPods, changedClaims, nil
+}
+
+// maxHintMisses bounds how many more misses than hits a hint may have in a
+// scan before it is no longer tried.
+const maxHintMisses = 64
+
+// hint is where scan looks first for the next pod or claim of a listing:
+// at next in podSeen or claimSeen.
+type hint struct {
+	next         int
+	hits, misses int
+}
+
+// try reports whether to look at next, in an array of n.
+func (h *hint) try(n int) bool { return h.next < n && h.misses <= h.hits+maxHintMisses }
+
+func (h *hint) count(hit bool) {
+	if hit {
+		h.hits++
+	} else {
+		h.misses++
+	}
+}
+
+// unchanged reports whether a listed version of pi with resourceVersion rv
+// has nothing new: the version taken in, or one older than a write of
+// ours.
+func (pi *podInfo) unchanged(rv string) bool {
+	return pi.present && rv != "" && (pi.rv == rv || slices.Contains(pi.oldRVs(), rv))
+}
+
+// setProto makes the first claim of the input the pool's prototype if it
+// has none (see pool.proto).
+func (r *round) setProto(claims []Claim) {
+	if r.p.proto == nil && len(claims) > 0 {
+		r.p.proto = claims[0].Object
+		r.a.setProto(claims[0].Object)
+	}
 }
 
 // observePod records a pod of the listing. A pod whose resourceVersion did
@@ -260,11 +474,12 @@ func (r *round) observePod(pod *corev1.Pod) {
 	if pi == nil {
 		pi = &podInfo{name: pod.Name, uid: pod.UID, freeIdx: -1}
 		p.pods[pod.Name] = pi
+		p.addPod(pi)
 	} else if pi.uid != pod.UID && pod.UID != "" {
 		pi = r.newIncarnation(pi, pod.UID)
 	}
-	pi.seen = p.gen
-	if pi.present && pod.ResourceVersion != "" && (pi.rv == pod.ResourceVersion || slices.Contains(pi.oldRVs, pod.ResourceVersion)) {
+	p.seePod(pi)
+	if pi.unchanged(pod.ResourceVersion) {
 		return
 	}
 	if n := rvNum(pod.ResourceVersion); pi.present && n != 0 && n < rvNum(pi.rv) {
@@ -284,9 +499,15 @@ func (r *round) observePod(pod *corev1.Pod) {
 		}
 	}
 	pi.ready = r.a.cfg.ready(pod)
-	pi.node = pod.Spec.NodeName
+	node, zone := pod.Spec.NodeName, ""
+	if pi.place != nil {
+		zone = pi.place.zone
+	}
 	if r.a.cfg.zoneLabel != "" {
-		pi.zone = pod.Labels[r.a.cfg.zoneLabel]
+		zone = pod.Labels[r.a.cfg.zoneLabel]
+	}
+	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
+		pi.place = p.placeOf(node, zone)
 	}
 	p.refreshFree(pi)
 }
@@ -301,17 +522,26 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		old.present, old.ready = false, false
 		p.refreshFree(old)
 	}
-	old.seen = p.gen
+	p.seePod(old)
 	if old.holder == nil && old.reservedBy == nil && old.settleFor == nil {
 		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
 		}
 		p.pods[old.name] = pi
+		p.addPod(pi)
+		p.removePod(old)
+		if old.next != nil {
+			p.removePod(old.next)
+		}
 		return pi
 	}
 	if old.next == nil || old.next.uid != uid {
-		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1}
+		if old.next != nil {
+			p.removePod(old.next)
+		}
+		old.next = &podInfo{name: old.name, uid: uid, freeIdx: -1, waiting: true}
+		p.addPod(old.next)
 	}
 	return old.next
 }
@@ -319,7 +549,8 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 // podGone records that a pod left the pool.
 func (r *round) podGone(name string, pi *podInfo) {
 	p := r.p
-	if pi.next != nil && pi.next.seen != p.gen {
+	if pi.next != nil && !p.podSeenNow(pi.next) {
+		p.removePod(pi.next)
 		pi.next = nil
 	}
 	if pi.present {
@@ -367,7 +598,7 @@ func (r *round) recover(claims []Claim) error {
 	all := make([]found, 0, len(claims))
 	owner := make(map[string]*claimInfo)
 	for _, c := range claims {
-		ci := newClaimInfo(c)
+		ci := r.newClaimInfo(c)
 		rec, err := r.readRecord(ci, c.Object)
 		if err != nil {
 			return err
@@ -382,7 +613,8 @@ func (r *round) recover(claims []Claim) error {
 				owner[pod] = ci
 			}
 		}
-		ci.release, ci.released = rec.Release, rec.Released
+		ci.setRelease(rec.Release)
+		ci.setReleased(rec.Released)
 		all = append(all, found{ci: ci, held: held, rec: rec})
 	}
 	if err := a.cfg.store.DeletePool(p.name); err != nil {
@@ -394,18 +626,25 @@ func (r *round) recover(claims []Claim) error {
 	}
 	clear(p.recycling)
 	clear(p.lost)
-	clear(p.dirty)
+	p.dirty = make(map[*claimInfo]struct{}, len(all))
 	clear(p.reserved)
 	clear(p.settling)
 	p.claims = make(map[types.UID]*claimInfo, len(all))
+	for _, s := range p.claimSeen {
+		s.ci.idx = -1
+	}
+	clear(p.claimSeen)
+	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
 	for _, f := range all {
 		p.claims[f.ci.uid] = f.ci
+		p.addClaim(f.ci)
 		p.dirty[f.ci] = struct{}{}
-		f.ci.seen, f.ci.listed = p.gen, true
+		p.seeClaim(f.ci)
+		f.ci.listed = true
 	}
 	if r.marks() {
 		for _, f := range all {
-			r.takeIn(f.ci, f.rec, rvNum(f.ci.obj.GetResourceVersion()))
+			r.takeIn(f.ci, f.rec, rvNum(f.ci.objRV()))
 		}
 		for _, pi := range p.pods {
 			r.resolveMark(pi)
@@ -430,30 +669,35 @@ func (r *round) recover(claims []Claim) error {
 		if len(f.held) == 0 {
 			continue
 		}
+		for i, name := range f.held {
+			if pi := p.pods[name]; pi != nil {
+				f.held[i] = pi.name // the pod's own string, not the record's copy
+			}
+		}
 		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
 			return fmt.Errorf("pool %s: recover claim %s: %w", p.name, f.ci.name, err)
 		}
 		for _, pod := range f.held {
 			r.hold(f.ci, pod)
 		}
-		a.setHolds(f.ci.uid, p.name, true)
+		a.setHolds(f.ci.uid, &p.name, true)
 	}
 	p.recovered = true
 	return nil
 }
 
-func newClaimInfo(c Claim) *claimInfo {
+func (r *round) newClaimInfo(c Claim) *claimInfo {
 	o := c.Object
+	// The claim's namespace is the pool's (checked): one string for all.
 	ci := &claimInfo{
 		uid:         o.GetUID(),
-		name:        client.ObjectKeyFromObject(o),
-		obj:         o,
+		name:        types.NamespacedName{Namespace: r.p.name.Namespace, Name: o.GetName()},
 		want:        c.Want,
 		priority:    c.Priority,
 		created:     o.GetCreationTimestamp().Time,
 		terminating: o.GetDeletionTimestamp() != nil,
-		held:        make(map[string]*podInfo),
 	}
+	r.p.setObj(ci, o, r.a.cfg)
 	ci.addRV(o.GetResourceVersion())
 	return ci
 }
@@ -465,6 +709,7 @@ func (p *pool) podOrNew(name string) *podInfo {
 	if pi == nil {
 		pi = &podInfo{name: name, freeIdx: -1}
 		p.pods[name] = pi
+		p.addPod(pi)
 	}
 	return pi
 }
@@ -472,20 +717,54 @@ func (p *pool) podOrNew(name string) *podInfo {
 // hold mirrors in memory that ci holds pod; the store already says so.
 func (r *round) hold(ci *claimInfo, pod string) {
 	pi := r.p.podOrNew(pod)
-	pi.holder = ci
-	ci.held[pod] = pi
+	if pi.holder != ci {
+		if pi.holder != nil {
+			pi.holder.removeHeld(pi)
+		}
+		pi.holder = ci
+		pi.heldIdx = int32(len(ci.held))
+		ci.held = append(ci.held, pi)
+	}
 	r.p.refreshFree(pi)
+}
+
+// heldPod returns the pod ci holds under name, nil if it holds none. The
+// pods a claim holds are the entries of pods whose holder it is.
+func (p *pool) heldPod(ci *claimInfo, name string) *podInfo {
+	if pi := p.pods[name]; pi != nil && pi.holder == ci {
+		return pi
+	}
+	return nil
+}
+
+// removeHeld takes pi, which c holds, out of c.held.
+func (c *claimInfo) removeHeld(pi *podInfo) {
+	i := pi.heldIdx
+	last := len(c.held) - 1
+	if i < 0 || int(i) > last || c.held[i] != pi {
+		return
+	}
+	c.held[i] = c.held[last]
+	c.held[i].heldIdx = i
+	c.held[last] = nil
+	c.held = c.held[:last]
+	pi.heldIdx = -1
+	if last == 0 {
+		c.held = nil
+	} else if cap(c.held) > 8 && last < cap(c.held)/4 {
+		c.held = slices.Clone(c.held)
+	}
 }
 
 // unhold mirrors in memory that ci no longer holds pod; the store already
 // says so. With pod marks, a fence other than 0 queues the removal of the
 // pod's mark (see unmarkEntry).
 func (r *round) unhold(ci *claimInfo, pod string, fence uint64) {
-	pi := ci.held[pod]
+	pi := r.p.heldPod(ci, pod)
 	if pi == nil {
 		return
 	}
-	delete(ci.held, pod)
+	ci.removeHeld(pi)
 	pi.holder = nil
 	if fence != 0 {
 		r.queueUnmark(pi, ci.uid, fence)
@@ -506,22 +785,20 @@ func (r *round) observeClaim(c Claim) error {
 	o := c.Object
 	uid, rv := o.GetUID(), o.GetResourceVersion()
 	ci := p.claims[uid]
-	if p.proto == nil {
-		p.proto = o
-		r.a.setProto(o)
-	}
 	switch {
 	case ci == nil && rvNum(rv) < p.forgotten[uid]:
 		// A stale copy of a claim that left the pool: nothing to learn.
 		return nil
 	case ci == nil:
-		ci = newClaimInfo(c)
+		ci = r.newClaimInfo(c)
 		rec, err := r.readRecord(ci, o)
 		if err != nil {
 			return err
 		}
-		ci.release, ci.released = rec.Release, rec.Released
+		ci.setRelease(rec.Release)
+		ci.setReleased(rec.Released)
 		p.claims[uid] = ci
+		p.addClaim(ci)
 		p.dirty[ci] = struct{}{}
 		ci.listed = true
 		if r.marks() {
@@ -529,12 +806,12 @@ func (r *round) observeClaim(c Claim) error {
 		} else {
 			r.checkRecord(ci, rec)
 		}
-	case rv == "" || !ci.sawRV(rv) || ci.obj == nil:
+	case rv == "" || !ci.sawRV(rv) || !ci.known():
 		rec, err := r.readRecord(ci, o)
 		if err != nil {
 			return err
 		}
-		ci.obj = o
+		p.setObj(ci, o, r.a.cfg)
 		ci.addRV(rv)
 		ci.setRelease(rec.Release)
 		ci.want, ci.priority = c.Want, c.Priority
@@ -552,20 +829,20 @@ func (r *round) observeClaim(c Claim) error {
 	case !ci.listed:
 		p.dirty[ci] = struct{}{}
 	}
-	ci.seen = p.gen
+	p.seeClaim(ci)
 	ci.listed = true
-	ci.since = time.Time{}
+	ci.setSince(time.Time{})
 	return nil
 }
 
 // claimGone records that a claim left the pool's listing: deleted,
 // force-deleted or moved. Its pods are given back.
 func (r *round) claimGone(ci *claimInfo) {
-	if ci.listed && ci.since.IsZero() {
+	if ci.listed && ci.since().IsZero() {
 		// It may be gone, moved, or missing from a lagging listing: its
 		// pods are given back once it is found deleted, or once it has
 		// been missing for a Quarantine (see queueOrphans).
-		ci.since = r.now
+		ci.setSince(r.now)
 	}
 	ci.listed = false
 	r.p.dirty[ci] = struct{}{}
@@ -584,7 +861,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	var extra []string
 	inRecord := 0
 	for _, pod := range rec.Held() {
-		if _, ok := ci.held[pod]; ok {
+		if r.p.heldPod(ci, pod) != nil {
 			inRecord++
 			continue
 		}
@@ -600,13 +877,14 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	}
 	missing := len(ci.held) - inRecord
 	if len(extra) == 0 && missing == 0 {
-		ci.untrusted = nil
+		ci.setUntrusted(nil)
 		return
 	}
 	ci.rewrite = true
-	ci.untrusted = &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
+	untrusted := &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
 		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
-	r.errs = append(r.errs, ci.untrusted)
+	ci.setUntrusted(untrusted)
+	r.errs = append(r.errs, untrusted)
 }
 
 // reservationsByClaim groups the reserved pods by the claim they are
@@ -652,8 +930,8 @@ func (r *round) settleReservations() {
 	}
 	for ci, pods := range r.reservationsByClaim() {
 		var held []string
-		if ci.obj != nil {
-			if rec, err := r.a.cfg.syncer.Read(ci.obj); err == nil {
+		if o := ci.object(); o != nil {
+			if rec, err := r.a.cfg.syncer.Read(o); err == nil {
 				held = rec.Held()
 			}
 		}
@@ -663,12 +941,12 @@ func (r *round) settleReservations() {
 			switch {
 			case slices.Contains(held, pi.name) && (!r.marks() || pi.markUID(r.p.name) == ci.uid):
 				landed = append(landed, pi)
-			case !r.now.Before(pi.reservedUntil):
+			case !r.now.Before(pi.reservedUntil()):
 				due = append(due, pi)
 			}
 		}
 		if len(due) > 0 {
-			base := ci.obj
+			base := ci.object()
 			if base == nil {
 				base = r.p.protoFor(ci)
 			}
@@ -712,7 +990,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	names := make([]string, len(pods))
 	for i, pi := range pods {
 		names[i] = pi.name
-		pi.reservedBy, pi.reservedUntil = nil, time.Time{}
+		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
 	r.p.dirty[ci] = struct{}{}
@@ -727,7 +1005,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 		for _, n := range names {
 			r.hold(ci, n)
 		}
-		r.a.setHolds(ci.uid, r.p.name, true)
+		r.a.setHolds(ci.uid, &r.p.name, true)
 		return
 	}
 	for _, pi := range pods {
@@ -742,12 +1020,17 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 // setRelease records the owner's release list; consumed entries the owner
 // dropped are forgotten, so listing the pod again is a new request.
 func (c *claimInfo) setRelease(release []string) {
-	c.release = release
-	for pod := range c.consumed {
+	if c.more == nil && len(release) == 0 {
+		return
+	}
+	m := c.edit()
+	m.release = release
+	for pod := range m.consumed {
 		if !slices.Contains(release, pod) {
-			delete(c.consumed, pod)
+			delete(m.consumed, pod)
 		}
 	}
+	c.tidy()
 }
 
 func (r *round) claimErr(ci *claimInfo, err error) error {
@@ -783,18 +1066,18 @@ func (r *round) plan() (algorithm.Action, error) {
 		keep := len(ci.held) - ci.recycling
 		var lost int
 		if replace {
-			for name := range ci.held {
-				if _, ok := p.lost[name]; ok {
+			for _, pi := range ci.held {
+				if _, ok := p.lost[pi.name]; ok {
 					lost++
 				}
 			}
 		}
 		var release []string
-		for _, pod := range ci.release {
-			if _, done := ci.consumed[pod]; done {
+		for _, pod := range ci.release() {
+			if ci.consumed(pod) {
 				continue
 			}
-			if pi := ci.held[pod]; pi != nil && !pi.recycling && !slices.Contains(release, pod) {
+			if pi := p.heldPod(ci, pod); pi != nil && !pi.recycling && !slices.Contains(release, pod) {
 				release = append(release, pod)
 			}
 		}
@@ -802,7 +1085,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			continue
 		}
 		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.created}
-		for name, pi := range ci.held {
+		for _, pi := range ci.held {
+			name := pi.name
 			if pi.recycling {
 				continue
 			}
@@ -835,6 +1119,9 @@ func (r *round) plan() (algorithm.Action, error) {
 	// edits its input in place must not reorder the pool's own list, and
 	// its action is checked against the pool's state, not against positions
 	// in that list.
+	if cap(p.offer) > 64 && len(p.free) < cap(p.offer)/4 {
+		p.offer = nil // let the memory of a larger pool go
+	}
 	p.offer = append(p.offer[:0], p.free...)
 	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.offer, Requests: reqs})
 	if err != nil {
@@ -878,7 +1165,7 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			return fmt.Errorf("release from claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
-			if pi := ci.held[pod]; pi == nil || pi.recycling {
+			if pi := r.p.heldPod(ci, pod); pi == nil || pi.recycling {
 				return fmt.Errorf("claim %s: released pod %s is not held", ci.name, pod)
 			}
 			if _, dup := taken[pod]; dup {
@@ -904,7 +1191,7 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 	for _, g := range grants {
 		ci := r.p.claims[g.UID]
 		for _, pod := range g.Pods {
-			r.startRecycling(ci, ci.held[pod])
+			r.startRecycling(ci, r.p.heldPod(ci, pod))
 		}
 	}
 }
@@ -919,7 +1206,7 @@ func (r *round) queueOrphans() {
 		if ci.listed || len(ci.held) == 0 {
 			continue
 		}
-		if !ci.since.IsZero() && !ci.gone && r.now.Before(ci.since.Add(Quarantine)) {
+		if since := ci.since(); !since.IsZero() && !ci.gone && r.now.Before(since.Add(Quarantine)) {
 			r.probe(ci)
 			if !ci.gone {
 				continue
@@ -934,7 +1221,7 @@ func (r *round) queueOrphans() {
 // probe reads a claim known only from pod marks live, to learn whether it
 // still exists.
 func (r *round) probe(ci *claimInfo) {
-	base := ci.obj
+	base := ci.object()
 	if base == nil {
 		base = r.p.protoFor(ci)
 	}

@@ -1,0 +1,192 @@
+package allocator
+
+import (
+	"reflect"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// What the allocator keeps of a claim's object.
+//
+// Writes of a claim's record are based on the newest version of the claim
+// the allocator knows: listed, written, or read live. With the annotation
+// syncer, whose records and finalizer live in the claim's metadata, the
+// allocator does not keep that object (its spec and status, labels,
+// managed fields: most of its size). It keeps what a write and a read of
+// the record use, in a claimMeta: the Go type and kind, resourceVersion,
+// deletion timestamp, annotations and finalizers; claimInfo has the name,
+// namespace, UID and creation timestamp. When it needs the object it makes
+// a slim one of the same Go type from them. AnnotationSyncer.Write sends
+// the JSON merge patch between the object it is given and a copy with the
+// record changed, plus its resourceVersion: the same patch from the slim
+// object as from the whole one. With another syncer, which may read any
+// field, the object itself is kept.
+
+// claimKind is a claim's Go type and kind, shared by the claims of a pool
+// that have the same.
+type claimKind struct {
+	typ reflect.Type
+	// gvk is the object's GroupVersionKind; for *unstructured.Unstructured
+	// apiVersion and kind are its fields as they were.
+	gvk               schema.GroupVersionKind
+	apiVersion, kind  string
+	unstructuredClaim bool
+}
+
+// claimMeta is what the allocator keeps of a version of a claim with the
+// annotation syncer (see above). It is not changed once made.
+type claimMeta struct {
+	kind    *claimKind
+	rv      string
+	deleted *metav1.Time
+	// ann are the annotations as key, value pairs, nil when the object
+	// has none (nil map).
+	ann []string
+	// fin are the finalizers.
+	fin []string
+}
+
+// slimmable reports whether the syncer is the annotation syncer, with
+// which the allocator keeps a claimMeta instead of a claim's object.
+func (c *config) slimmable() bool { return c.slimKeys != nil }
+
+// setObj makes o the newest version of ci known: o itself, or what a
+// claimMeta keeps of it.
+func (p *pool) setObj(ci *claimInfo, o client.Object, cfg *config) {
+	if !cfg.slimmable() || o == nil {
+		ci.obj, ci.meta = o, nil
+		return
+	}
+	m := &claimMeta{kind: p.kindOf(o), rv: o.GetResourceVersion()}
+	if d := o.GetDeletionTimestamp(); d != nil {
+		t := *d
+		m.deleted = &t
+	}
+	if ann := o.GetAnnotations(); ann != nil {
+		m.ann = make([]string, 0, 2*len(ann))
+		keys := cfg.slimKeys
+		for k, v := range ann {
+			// The syncer's keys are kept once, not once per claim.
+			switch k {
+			case keys.Allocated:
+				k = keys.Allocated
+			case keys.Release:
+				k = keys.Release
+			case keys.Released:
+				k = keys.Released
+			}
+			m.ann = append(m.ann, k, v)
+		}
+	}
+	if fin := o.GetFinalizers(); len(fin) == 1 && fin[0] == cfg.slimKeys.Finalizer {
+		m.fin = cfg.ourFinalizers
+	} else {
+		m.fin = slices.Clone(fin)
+	}
+	ci.obj, ci.meta = nil, m
+}
+
+// kindOf returns the claimKind of o, shared with the pool's other claims.
+func (p *pool) kindOf(o client.Object) *claimKind {
+	k := claimKind{typ: reflect.TypeOf(o), gvk: o.GetObjectKind().GroupVersionKind()}
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		k.unstructuredClaim = true
+		k.apiVersion, k.kind = u.GetAPIVersion(), u.GetKind()
+	}
+	for _, known := range p.kinds {
+		if *known == k {
+			return known
+		}
+	}
+	p.kinds = append(p.kinds, &k)
+	return &k
+}
+
+// known reports whether a version of ci is known: false for a claim known
+// only from its pods' marks.
+func (ci *claimInfo) known() bool { return ci.obj != nil || ci.meta != nil }
+
+// objRV is the resourceVersion of the newest version of ci known.
+func (ci *claimInfo) objRV() string {
+	switch {
+	case ci.meta != nil:
+		return ci.meta.rv
+	case ci.obj != nil:
+		return ci.obj.GetResourceVersion()
+	}
+	return ""
+}
+
+// objDeleted reports whether the newest version of ci known has a deletion
+// timestamp.
+func (ci *claimInfo) objDeleted() bool {
+	switch {
+	case ci.meta != nil:
+		return ci.meta.deleted != nil
+	case ci.obj != nil:
+		return ci.obj.GetDeletionTimestamp() != nil
+	}
+	return false
+}
+
+// object returns the newest version of ci known, nil if none: the object
+// itself, or a new slim object made from its claimMeta (see above). It
+// only reads ci, and may run concurrently with other readers.
+func (ci *claimInfo) object() client.Object {
+	m := ci.meta
+	if m == nil {
+		return ci.obj
+	}
+	var o client.Object
+	if m.kind.unstructuredClaim {
+		u := &unstructured.Unstructured{Object: map[string]any{}}
+		if m.kind.apiVersion != "" {
+			u.SetAPIVersion(m.kind.apiVersion)
+		}
+		if m.kind.kind != "" {
+			u.SetKind(m.kind.kind)
+		}
+		o = u
+	} else {
+		var ok bool
+		if o, ok = reflect.New(m.kind.typ.Elem()).Interface().(client.Object); !ok {
+			return nil // not reached: the type was a client.Object's
+		}
+		if !m.kind.gvk.Empty() {
+			o.GetObjectKind().SetGroupVersionKind(m.kind.gvk)
+		}
+	}
+	o.SetNamespace(ci.name.Namespace)
+	o.SetName(ci.name.Name)
+	o.SetUID(ci.uid)
+	o.SetResourceVersion(m.rv)
+	o.SetCreationTimestamp(metav1.Time{Time: ci.created})
+	if m.deleted != nil {
+		t := *m.deleted
+		o.SetDeletionTimestamp(&t)
+	}
+	if m.ann != nil {
+		ann := make(map[string]string, len(m.ann)/2)
+		for i := 0; i < len(m.ann); i += 2 {
+			ann[m.ann[i]] = m.ann[i+1]
+		}
+		o.SetAnnotations(ann)
+	}
+	if m.fin != nil {
+		o.SetFinalizers(slices.Clone(m.fin))
+	}
+	return o
+}
+
+// hasFinalizer reports whether the newest version of ci known carries the
+// allocation finalizer.
+func (r *round) hasFinalizer(ci *claimInfo) bool {
+	if ci.meta != nil {
+		return slices.Contains(ci.meta.fin, r.a.cfg.slimKeys.Finalizer)
+	}
+	return r.a.cfg.syncer.HasFinalizer(ci.obj)
+}
