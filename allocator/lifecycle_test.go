@@ -550,16 +550,12 @@ func TestOpenSandboxRecordRecovered(t *testing.T) {
 	})
 	t.Run("without-migration-unmarked-pods-are-recycled", func(t *testing.T) {
 		f, pool := setup(t)
-		var recycled []string
-		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()),
-			allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
-				recycled = append(recycled, req.Pod)
-				return true, nil
-			}))
+		rec := &recordingRecycler{}
+		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()), allocator.WithRecycler(rec.recycle))
 		res, err := world.Round(f.ctx, a, f.c, pool)
 		require.ErrorIs(t, err, allocator.ErrUntrustedRecord)
 		require.ErrorContains(t, err, "p-0")
-		require.Equal(t, []string{"p-0"}, recycled, "the pod whose owner is uncertain is recycled (I13)")
+		require.Equal(t, []string{"p-0"}, rec.recycled(), "the pod whose owner is uncertain is recycled (I13)")
 		require.Equal(t, []string{"p-0"}, f.releasedOf("sbx"), "and recorded as released")
 		got := grantsTo(res, "sbx")
 		require.Len(t, got, 1, "served as a claim holding nothing")
@@ -592,16 +588,13 @@ func TestRecoveryRefusesPodListedByTwoClaims(t *testing.T) {
 		// uncertain, so it is recycled before anyone gets it again, and
 		// the pool goes on.
 		f, pool := setup(t)
-		var recycled []string
-		a := f.alloc(allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
-			recycled = append(recycled, req.Pod)
-			return true, nil
-		}))
+		rec := &recordingRecycler{}
+		a := f.alloc(allocator.WithRecycler(rec.recycle))
 		for range 3 {
 			_, err := world.Round(f.ctx, a, f.c, pool)
 			require.NotErrorIs(t, err, allocator.ErrPoolBlocked)
 		}
-		require.Equal(t, []string{"p-0"}, recycled)
+		require.Equal(t, []string{"p-0"}, rec.recycled())
 		x, y := f.held("x"), f.held("y")
 		require.Len(t, x, 1)
 		require.Len(t, y, 1)

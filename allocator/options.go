@@ -197,7 +197,9 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 //     numbers, as the API server's etcd revisions allow (see the package
 //     documentation).
 //
-// The client given to New must be allowed to patch pods.
+// The client given to New must be allowed to patch pods, and the API reader
+// (WithAPIReader, else the client) to get pods and claims: the allocator
+// reads them live where a listing is older than what it must decide on.
 func WithPodMarks(key string) Option {
 	return optionFunc(func(c *config) {
 		if key == "" {

@@ -6,6 +6,7 @@ package allocator_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,16 +53,15 @@ func TestRegressionOrphanPodsAllHeldAfterRestart(t *testing.T) {
 	require.NoError(t, c.Update(ctx, gone))
 	require.NoError(t, c.Delete(ctx, gone))
 
-	var recycled []string
-	b, err := allocator.New(c, allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
-		require.Equal(t, types.UID("uid-gone"), req.Claim.UID)
-		recycled = append(recycled, req.Pod)
-		return true, nil
-	}))
+	rec := &recordingRecycler{}
+	b, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
 	require.NoError(t, err)
 	res, err = world.Round(ctx, b, c, pool)
 	require.NoError(t, err)
-	require.ElementsMatch(t, handed, recycled, "every pod of the orphan is recycled in the first round")
+	for _, uid := range rec.claimUIDs() {
+		require.Equal(t, types.UID("uid-gone"), uid, "recycled for the orphan")
+	}
+	require.ElementsMatch(t, handed, rec.recycled(), "every pod of the orphan is recycled in the first round")
 	require.NoError(t, allocator.CheckInvariants(b))
 	res, err = world.Round(ctx, b, c, pool)
 	require.NoError(t, err)
@@ -261,6 +261,35 @@ func TestRegressionStalePodListingDoesNotUndoALiveRead(t *testing.T) {
 	in = allocator.Input{Pool: pool, Pods: staleIn.Pods, Claims: fresh.Claims}
 	_, _ = a.Round(ctx, in)
 	require.Subset(t, recordOn(t, c, "c").Held(), held, "the held pod stays in the record")
+}
+
+// recordingRecycler records the pods it is asked to recycle, and for which
+// claims, and reports them done. It is safe for concurrent use, as a
+// Recycler must be.
+type recordingRecycler struct {
+	mu     sync.Mutex
+	pods   []string
+	claims []types.UID
+}
+
+func (r *recordingRecycler) recycle(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pods = append(r.pods, req.Pod)
+	r.claims = append(r.claims, req.Claim.UID)
+	return true, nil
+}
+
+func (r *recordingRecycler) recycled() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.pods)
+}
+
+func (r *recordingRecycler) claimUIDs() []types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.claims)
 }
 
 // markPod sets (or, with "", removes) pod's mark annotation.
