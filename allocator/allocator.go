@@ -321,9 +321,9 @@ type pool struct {
 	// from its listing by scanning this array, not the podInfos. Every
 	// podInfo in it but the waiting ones is the entry of pods under its
 	// name; every claimInfo in claimSeen the entry of claims under its UID.
-	podSeen []podStamp
+	podSeen seenList[*podInfo]
 	// claimSeen does the same for the claims of claims (claimInfo.idx).
-	claimSeen []claimStamp
+	claimSeen seenList[*claimInfo]
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
@@ -373,105 +373,15 @@ type pool struct {
 	places map[podPlace]*podPlace
 }
 
-// podStamp is a podInfo and the gen of the round that last listed it.
-type podStamp struct {
-	pi   *podInfo
-	seen uint64
-}
+func (p *pool) addPod(pi *podInfo)          { p.podSeen.add(pi) }
+func (p *pool) removePod(pi *podInfo)       { p.podSeen.remove(pi) }
+func (p *pool) seePod(pi *podInfo)          { p.podSeen.see(pi, p.gen) }
+func (p *pool) podSeenNow(pi *podInfo) bool { return p.podSeen.seenIn(pi, p.gen) }
 
-// claimStamp is a claimInfo and the gen of the round that last listed it.
-type claimStamp struct {
-	ci   *claimInfo
-	seen uint64
-}
-
-// addPod gives pi, a new entry of pods or a newer pod in an entry's next,
-// its place in podSeen. Every podInfo of the pool has one until dropped.
-func (p *pool) addPod(pi *podInfo) {
-	pi.idx = int32(len(p.podSeen))
-	p.podSeen = append(p.podSeen, podStamp{pi: pi})
-}
-
-// removePod takes pi's place in podSeen back: pi is no longer an entry of
-// pods nor an entry's next.
-func (p *pool) removePod(pi *podInfo) {
-	if p.podStamp(pi) == nil {
-		return
-	}
-	i := pi.idx
-	last := len(p.podSeen) - 1
-	p.podSeen[i] = p.podSeen[last]
-	p.podSeen[i].pi.idx = i
-	p.podSeen[last] = podStamp{}
-	p.podSeen = p.podSeen[:last]
-	pi.idx = -1
-	if cap(p.podSeen) > 64 && len(p.podSeen) < cap(p.podSeen)/4 {
-		p.podSeen = slices.Clone(p.podSeen)
-	}
-}
-
-// seePod records that pi is listed in this round.
-func (p *pool) seePod(pi *podInfo) {
-	if s := p.podStamp(pi); s != nil {
-		s.seen = p.gen
-	}
-}
-
-// podSeenNow reports whether pi was listed in this round.
-func (p *pool) podSeenNow(pi *podInfo) bool {
-	s := p.podStamp(pi)
-	return s != nil && s.seen == p.gen
-}
-
-func (p *pool) podStamp(pi *podInfo) *podStamp {
-	if i := pi.idx; i >= 0 && int(i) < len(p.podSeen) && p.podSeen[i].pi == pi {
-		return &p.podSeen[i]
-	}
-	return nil
-}
-
-// addClaim gives ci, a new entry of claims, its place in claimSeen.
-func (p *pool) addClaim(ci *claimInfo) {
-	ci.idx = int32(len(p.claimSeen))
-	p.claimSeen = append(p.claimSeen, claimStamp{ci: ci})
-}
-
-// removeClaim takes the place of ci, no longer an entry of claims, back.
-func (p *pool) removeClaim(ci *claimInfo) {
-	if p.claimStamp(ci) == nil {
-		return
-	}
-	i := ci.idx
-	last := len(p.claimSeen) - 1
-	p.claimSeen[i] = p.claimSeen[last]
-	p.claimSeen[i].ci.idx = i
-	p.claimSeen[last] = claimStamp{}
-	p.claimSeen = p.claimSeen[:last]
-	ci.idx = -1
-	if cap(p.claimSeen) > 64 && len(p.claimSeen) < cap(p.claimSeen)/4 {
-		p.claimSeen = slices.Clone(p.claimSeen)
-	}
-}
-
-// seeClaim records that ci is listed in this round.
-func (p *pool) seeClaim(ci *claimInfo) {
-	if s := p.claimStamp(ci); s != nil {
-		s.seen = p.gen
-	}
-}
-
-// claimSeenNow reports whether ci was listed in this round.
-func (p *pool) claimSeenNow(ci *claimInfo) bool {
-	s := p.claimStamp(ci)
-	return s != nil && s.seen == p.gen
-}
-
-func (p *pool) claimStamp(ci *claimInfo) *claimStamp {
-	if i := ci.idx; i >= 0 && int(i) < len(p.claimSeen) && p.claimSeen[i].ci == ci {
-		return &p.claimSeen[i]
-	}
-	return nil
-}
+func (p *pool) addClaim(ci *claimInfo)          { p.claimSeen.add(ci) }
+func (p *pool) removeClaim(ci *claimInfo)       { p.claimSeen.remove(ci) }
+func (p *pool) seeClaim(ci *claimInfo)          { p.claimSeen.see(ci, p.gen) }
+func (p *pool) claimSeenNow(ci *claimInfo) bool { return p.claimSeen.seenIn(ci, p.gen) }
 
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{

@@ -85,7 +85,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if ci.obj != nil && ci.meta != nil {
 			bad("claim %s keeps both its object and its metadata", ci.name)
 		}
-		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].ci != ci {
+		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].v != ci {
 			bad("claim %s is not at its place %d in claimSeen", ci.name, ci.idx)
 		}
 	}
@@ -150,7 +150,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, next != nil && next.waiting)
 		}
 		for _, e := range []*podInfo{pi, next} {
-			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].pi != e) {
+			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].v != e) {
 				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid, e.idx)
 			}
 		}
@@ -170,8 +170,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), len(p.claims))
 	}
 	for i, s := range p.podSeen {
-		if int(s.pi.idx) != i {
-			bad("podSeen[%d] %s has index %d", i, s.pi.name, s.pi.idx)
+		if int(s.v.idx) != i {
+			bad("podSeen[%d] %s has index %d", i, s.v.name, s.v.idx)
 		}
 	}
 	for name, pi := range p.reserved {

@@ -85,8 +85,8 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 	}
 	var gone []*podInfo
 	for _, s := range p.podSeen {
-		if s.seen != p.gen && p.pods[s.pi.name] == s.pi {
-			gone = append(gone, s.pi)
+		if s.seen != p.gen && p.pods[s.v.name] == s.v {
+			gone = append(gone, s.v)
 		}
 	}
 	for _, pi := range gone {
@@ -113,7 +113,7 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 	var left []*claimInfo
 	for _, s := range p.claimSeen {
 		if s.seen != p.gen {
-			left = append(left, s.ci)
+			left = append(left, s.v)
 		}
 	}
 	for _, ci := range left {
@@ -349,7 +349,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 		}
 		var pi *podInfo
 		if h.try(len(p.podSeen)) {
-			if next := p.podSeen[h.next].pi; !next.waiting && next.name == pod.Name {
+			if next := p.podSeen[h.next].v; !next.waiting && next.name == pod.Name {
 				pi = next // the entry of pods under that name
 			}
 			h.count(pi != nil)
@@ -393,7 +393,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 		uid := c.Object.GetUID()
 		var ci *claimInfo
 		if h.try(len(p.claimSeen)) {
-			if next := p.claimSeen[h.next].ci; next.uid == uid {
+			if next := p.claimSeen[h.next].v; next.uid == uid {
 				ci = next // the entry of claims under uid
 			}
 			h.count(ci != nil)
@@ -632,7 +632,7 @@ func (r *round) recover(claims []Claim) error {
 	clear(p.settling)
 	p.claims = make(map[types.UID]*claimInfo, len(all))
 	for _, s := range p.claimSeen {
-		s.ci.idx = -1
+		s.v.idx = -1
 	}
 	clear(p.claimSeen)
 	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
