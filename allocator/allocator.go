@@ -369,6 +369,9 @@ type pool struct {
 	settling map[string]*podInfo
 	// tomark holds held pods recovered from records that carry no mark yet.
 	tomark map[string]types.UID
+	// promoted holds pods that took over their name from an older pod
+	// with it (dropPod): their marks are looked at in the next round.
+	promoted []*podInfo
 	// places are the pods' podPlaces.
 	places map[podPlace]*podPlace
 }

@@ -185,10 +185,7 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 		}
 	}
 	gone := make(map[string]struct{}, len(w.done)+len(w.drop))
-	for _, p := range w.done {
-		gone[p] = struct{}{}
-	}
-	for _, p := range w.drop {
+	for _, p := range slices.Concat(w.done, w.drop) {
 		gone[p] = struct{}{}
 	}
 	allocated := make([]string, 0, len(ci.held)+len(w.add))
@@ -198,6 +195,14 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
 			for _, name := range rec.Held() {
 				pi := r.p.pods[name]
+				if pi != nil && !pi.present && pi.holder != ci {
+					if next := pi.nextPod(); next != nil && next.present {
+						// The name is a newer pod's now, and the old one
+						// is not the claim's (lost) pod: the newer pod's
+						// mark decides.
+						pi = next
+					}
+				}
 				if pi == nil && !ci.listed {
 					// A claim that left this pool (moved) may hold pods of
 					// its new pool: not this pool's to judge.

@@ -133,7 +133,13 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 	p := r.p
 	pi := p.pods[name]
 	if pi == nil || !pi.present {
-		return false // never seen, or gone: not reserved for anyone
+		// Never seen, or gone: not reserved for anyone. The pod listing
+		// may lag the record, though: the pod is read live, and held if
+		// it exists marked for ci (findPods).
+		if !verified && ci.listed {
+			r.findLater(ci, name)
+		}
+		return false
 	}
 	switch h := pi.markUID(p.name); {
 	case h == ci.uid:
@@ -323,6 +329,9 @@ func (p *pool) dropPod(pi *podInfo) {
 		next.strays = pi.strays
 		p.pods[pi.name] = next
 		p.refreshFree(next)
+		if next.mark != "" {
+			p.promoted = append(p.promoted, next)
+		}
 		return
 	}
 	delete(p.pods, pi.name)
@@ -380,6 +389,71 @@ func (r *round) verifyPods() {
 		}
 		if pi := r.p.pods[j.pi.name]; pi != nil {
 			r.resolveMark(pi)
+		}
+	}
+}
+
+// findLater asks for the pod named name, which ci's record lists and the
+// listing lacks, to be read live.
+func (r *round) findLater(ci *claimInfo, name string) {
+	if r.find == nil {
+		r.find = make(map[string][]*claimInfo)
+	}
+	r.find[name] = append(r.find[name], ci)
+}
+
+// findPods reads live the pods that records list and the listing lacks. A
+// pod that exists marked for one of those claims is held by it, as a pod
+// missing from the listing (lost): the pod listing may lag, or the pod may
+// be of the pool the claim left, which takes it back (queueOrphans). It is
+// not taken into the pool: only a listing says which pool a pod is of, so
+// it is never free here. Any other entry stays a stray, which the claim's
+// next write drops.
+func (r *round) findPods() {
+	if len(r.find) == 0 {
+		return
+	}
+	type job struct {
+		name string
+		pod  corev1.Pod
+		err  error
+	}
+	jobs := make([]*job, 0, len(r.find))
+	for name := range r.find {
+		jobs = append(jobs, &job{name: name})
+	}
+	slices.SortFunc(jobs, func(x, y *job) int { return compareStrings(x.name, y.name) })
+	reader := r.a.cfg.podReader
+	r.parallel(len(jobs), func(i int) {
+		j := jobs[i]
+		j.err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: j.name}, &j.pod)
+	})
+	find := r.find
+	r.find = nil
+	for _, j := range jobs {
+		if j.err != nil {
+			if !apierrors.IsNotFound(j.err) {
+				r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, j.name, j.err))
+			}
+			continue
+		}
+		h, ok := parseMark(r.p.name, j.pod.Annotations[r.a.cfg.markKey])
+		if !ok {
+			continue
+		}
+		for _, ci := range find[j.name] {
+			if ci.uid != h.UID || !slices.Contains(ci.strays(), j.name) || r.p.heldPod(ci, j.name) != nil {
+				continue
+			}
+			pi := r.p.pods[j.name]
+			if pi != nil && (pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != j.pod.UID) {
+				continue // known here otherwise: left to the listing
+			}
+			pi = r.p.podOrNew(j.name)
+			pi.uid, pi.mark, pi.markOwn, pi.markRV = j.pod.UID, j.pod.Annotations[r.a.cfg.markKey], false, rvNum(j.pod.ResourceVersion)
+			if r.allocate(ci, j.name) {
+				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.name }))
+			}
 		}
 	}
 }
@@ -470,6 +544,13 @@ func (r *round) resolveMark(pi *podInfo) {
 		r.allocate(ci, pi.name)
 		return
 	}
+	if slices.Contains(ci.strays(), pi.name) && r.takeName(ci, pi.name, podRead) {
+		// Its record lists the pod, which was not free when the record
+		// was taken in (settling for another claim, or an older pod under
+		// the name): now its mark says it is the claim's.
+		r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == pi.name }))
+		return
+	}
 	if ci.recRV != 0 && ci.recRV > pi.markRV {
 		r.startSettle(ci, pi)
 		return
@@ -555,9 +636,10 @@ func (r *round) resolvePods() {
 		return
 	}
 	r.verifyPods()
+	r.findPods()
 	r.confirmClaims()
-	check := r.check
-	r.check = nil
+	check := append(r.check, r.p.promoted...)
+	r.check, r.p.promoted = nil, nil
 	for _, pi := range check {
 		r.resolveMark(pi)
 	}

@@ -50,6 +50,9 @@ type round struct {
 	// confirm holds claims to read live before their records' entries for
 	// unmarked pods are acted on.
 	confirm map[*claimInfo][]string
+	// find holds names that records list and the listing lacks, to read
+	// live: the pod listing may lag the records.
+	find map[string][]*claimInfo
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -494,8 +497,12 @@ func (r *round) observePod(pod *corev1.Pod) {
 				pi.markRV = rvNum(pod.ResourceVersion)
 			}
 			r.check = append(r.check, pi)
-		} else if mark != "" && pi.markRV == 0 {
-			pi.markRV = rvNum(pod.ResourceVersion)
+		} else if mark != "" {
+			// The same mark at a newer pod version may have been removed
+			// and written again since (the same claim got the pod back):
+			// it is taken to be as new as the pod, so that no record older
+			// than that justifies removing it.
+			pi.markOwn, pi.markRV = false, rvNum(pod.ResourceVersion)
 		}
 	}
 	pi.ready = r.a.cfg.ready(pod)
@@ -1201,15 +1208,15 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 // listing any more: deleted, force-deleted or moved to another pool. As it
 // may just be missing from a lagging listing, its pods are given back once
 // a live read finds it deleted, or once it has been missing for a
-// Quarantine.
+// Quarantine (then they are recycled and recorded released, as for a
+// release the owner asked for).
 func (r *round) queueOrphans() {
 	for ci := range r.p.dirty {
 		if ci.listed || len(ci.held) == 0 {
 			continue
 		}
 		if since := ci.since(); !since.IsZero() && !ci.gone && r.now.Before(since.Add(Quarantine)) {
-			r.probe(ci)
-			if !ci.gone {
+			if _, err := r.probe(ci); err != nil || !ci.gone {
 				continue
 			}
 		}
@@ -1219,19 +1226,36 @@ func (r *round) queueOrphans() {
 	}
 }
 
-// probe reads a claim known only from pod marks live, to learn whether it
-// still exists.
-func (r *round) probe(ci *claimInfo) {
+// probe reads a claim that left the pool's listing live. It sets ci.gone
+// when the claim no longer exists, and otherwise returns the pods its
+// record lists as held (none while it is being deleted), or why the claim
+// could not be read.
+func (r *round) probe(ci *claimInfo) (held []string, err error) {
+	if ci.gone {
+		return nil, nil
+	}
 	base := ci.object()
 	if base == nil {
 		base = r.p.protoFor(ci)
 	}
 	if base == nil {
-		return
+		return nil, errNoProto
 	}
-	if _, err := r.live(ci, base); apierrors.IsNotFound(err) {
+	live, err := r.live(ci, base)
+	switch {
+	case apierrors.IsNotFound(err):
 		ci.gone = true
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case live.GetDeletionTimestamp() != nil:
+		return nil, nil // being deleted: it gets nothing and keeps nothing
 	}
+	rec, err := r.a.cfg.syncer.Read(live)
+	if err != nil && !errors.Is(err, syncer.ErrMalformedRelease) {
+		return nil, err
+	}
+	return rec.Held(), nil
 }
 
 // recycle offers every pod being given back or settled to the recycler,
