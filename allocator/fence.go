@@ -39,6 +39,11 @@ import (
 //     claim and recycled before anyone else gets it (I13), or kept with
 //     WithPodMarkMigration. Where the pod as known is older than the
 //     record, the pod is read live before deciding.
+//   - Missing pod: a record entry for a pod the listing lacks is read live
+//     before the record is written without it. A pod that exists marked for
+//     the claim stays held, as a lost pod (the pod listing lagged, or the
+//     pod is of a pool the claim left, which takes it back); it is never
+//     taken into the pool from a live read.
 //   - Mark without record: a pod marked for a claim whose record does not
 //     list it is recycled for that claim and recorded as released before
 //     its mark goes. If the mark is newer than the record, a hand-out may
