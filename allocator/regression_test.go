@@ -306,3 +306,47 @@ func markPod(t *testing.T, c client.Client, pod *corev1.Pod, mark string) {
 	}
 	require.NoError(t, c.Update(context.Background(), pod))
 }
+
+// A second allocator whose pod listing lags its claim listing (two informer
+// caches) sees a record listing a pod its pod listing lacks. It must not
+// write the pod out of the record the claim is using (a swap, I7): the pod
+// is read live, and as it exists marked for the claim it stays held, as a
+// lost pod, until a listing shows it (the many-allocator machine).
+func TestRegressionLaggingPodListingKeepsHeldPod(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 3, true)
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", 1)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(ctx, cl))
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	held := res.Allocated[0].Pods
+	require.Len(t, held, 1)
+
+	b, err := allocator.New(c)
+	require.NoError(t, err)
+	in, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in.Pods = slices.DeleteFunc(in.Pods, func(p corev1.Pod) bool { return p.Name == held[0] })
+	res, err = b.Round(ctx, in)
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated, "the claim holds its pod: nothing new")
+	require.Empty(t, res.Released)
+	require.Equal(t, held, recordOn(t, c, "c").Held(), "the record keeps the pod the claim uses")
+	require.Len(t, res.Lost, 1)
+	require.Equal(t, held[0], res.Lost[0].Pod)
+
+	// Once a listing shows the pod, it is held as usual.
+	res, err = world.Round(ctx, b, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated)
+	require.Empty(t, res.Lost)
+	require.Equal(t, held, recordOn(t, c, "c").Held())
+	require.Len(t, res.Idle, 2)
+}
