@@ -106,6 +106,15 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		if slices.Contains(held, pi.name) {
 			continue
 		}
+		if rv != 0 && pi.present && pi.markUID(r.p.name) == ci.uid && pi.markRV > rv {
+			// The pod was marked for ci after this record version: a
+			// hand-out may be in flight, or a newer record lists it (a
+			// claim known so far only from marks, then listed from a
+			// lagging cache). It is reserved for ci, as resolveMark does.
+			r.drop(ci, pi)
+			r.reserveFor(ci, pi)
+			continue
+		}
 		// The newer record no longer lists a pod ci held: whoever wrote it,
 		// the pod is not free as it is.
 		r.toSettle(ci, pi)
@@ -561,6 +570,13 @@ func (r *round) resolveMark(pi *podInfo) {
 		return
 	}
 	// The mark is newer than the record known: a hand-out may be in flight.
+	r.reserveFor(ci, pi)
+}
+
+// reserveFor reserves pi for ci for a Quarantine: it is marked for ci and
+// a write listing it may still land (or a newer record list it).
+func (r *round) reserveFor(ci *claimInfo, pi *podInfo) {
+	p := r.p
 	pi.reserve(ci, r.now.Add(Quarantine))
 	p.reserved[pi.name] = pi
 	p.dirty[ci] = struct{}{}

@@ -16,7 +16,9 @@ package allocator_test
 //   - the allocators: a round by any of them (Round, or Update with what
 //     changed since its last view) on a listing that is fresh or lags the
 //     server by any number of writes (pods and claims independently, drawn
-//     from a history of listings taken after every write), two rounds at
+//     from a history of listings taken after every write; none that was
+//     superseded a Quarantine ago or more, the lag the allocator's contract
+//     allows), two rounds at
 //     once in two goroutines (two allocators on one pool, or two pools), a
 //     crash (the instance is dropped), a crash in the middle of a round
 //     (every request after the k-th write fails), a late joiner (a new
@@ -258,7 +260,7 @@ func (m *mmMachine) failWith(vs []mmViolation) {
 	}
 	var kinds []string
 	for _, v := range vs {
-		m.t.Logf("VIOLATION %s", v.text)
+		m.logf("VIOLATION %s", v.text)
 		if !slices.Contains(kinds, v.kind) {
 			kinds = append(kinds, v.kind)
 		}
@@ -269,14 +271,33 @@ func (m *mmMachine) failWith(vs []mmViolation) {
 
 // mmPodSnap and mmClaimSnap are listings kept for lagging rounds; sig
 // tells one from the next.
+// A snapshot is a listing as it was after a write. superseded is when a
+// newer one was taken (zero while it is the newest): a listing lags by the
+// time since then, and the allocator's contract bounds that lag by
+// allocator.Quarantine, so older ones are not drawn.
 type mmPodSnap struct {
-	sig  string
-	pods []corev1.Pod
+	sig        string
+	pods       []corev1.Pod
+	superseded time.Time
 }
 
 type mmClaimSnap struct {
-	sig    string
-	claims []testenv.Claim
+	sig        string
+	claims     []testenv.Claim
+	superseded time.Time
+}
+
+// usable counts the newest snapshots (of n) that lag less than a
+// Quarantine at now.
+func usable(n int, now time.Time, superseded func(i int) time.Time) int {
+	k := 0
+	for i := n - 1; i >= 0; i-- {
+		if s := superseded(i); !s.IsZero() && !now.Before(s.Add(allocator.Quarantine)) {
+			break
+		}
+		k++
+	}
+	return max(k, 1)
 }
 
 type mmMachine struct {
@@ -337,6 +358,9 @@ type mmMachine struct {
 	recFinish map[string]bool
 	// acts counts the allocators' writes and recycler calls.
 	acts atomic.Int64
+	// hist is the history as logged, for POOLALLOC_MULTI_DUMP.
+	histMu sync.Mutex
+	hist   strings.Builder
 }
 
 func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMachine {
@@ -375,12 +399,16 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 	for range n {
 		m.startAllocator(t)
 	}
-	t.Logf("world: namespace %s, pod marks %t, recycler %s", w.ns, m.marks, m.recMode)
+	m.logf("world: namespace %s, pod marks %t, recycler %s", w.ns, m.marks, m.recMode)
 	return m
 }
 
 func (m *mmMachine) fatalf(format string, args ...any) {
 	m.t.Helper()
+	if mmDumpFile != "" {
+		m.logf("FAILED: "+format, args...)
+		m.dumpHistory()
+	}
 	m.t.Fatalf(format, args...)
 }
 
@@ -561,6 +589,9 @@ func maxRV[T any](items []T, rv func(*T) string) string {
 func (m *mmMachine) snapshot(st *mmState) {
 	psig := maxRV(st.podList, func(p *corev1.Pod) string { return p.ResourceVersion })
 	if n := len(m.podSnaps); n == 0 || m.podSnaps[n-1].sig != psig {
+		if n > 0 {
+			m.podSnaps[n-1].superseded = m.clock.Now()
+		}
 		m.podSnaps = append(m.podSnaps, mmPodSnap{sig: psig, pods: st.podList})
 		if len(m.podSnaps) > mmSnapshots {
 			m.podSnaps = slices.Delete(m.podSnaps, 0, 1)
@@ -568,6 +599,9 @@ func (m *mmMachine) snapshot(st *mmState) {
 	}
 	csig := maxRV(st.claimList, func(c *testenv.Claim) string { return c.ResourceVersion })
 	if n := len(m.claimSnaps); n == 0 || m.claimSnaps[n-1].sig != csig {
+		if n > 0 {
+			m.claimSnaps[n-1].superseded = m.clock.Now()
+		}
 		m.claimSnaps = append(m.claimSnaps, mmClaimSnap{sig: csig, claims: st.claimList})
 		if len(m.claimSnaps) > mmSnapshots {
 			m.claimSnaps = slices.Delete(m.claimSnaps, 0, 1)
@@ -676,6 +710,37 @@ func (m *mmMachine) observe(st *mmState) {
 	}
 }
 
+// logf logs a line of the history. With POOLALLOC_MULTI_DUMP set to a
+// file name, the lines of the first history that fails are also written
+// there as it ran, before shrinking: a failing history may not fail again
+// on replay (see Replays above).
+func (m *mmMachine) logf(format string, args ...any) {
+	m.t.Helper()
+	m.t.Logf(format, args...)
+	if mmDumpFile != "" {
+		m.histMu.Lock()
+		fmt.Fprintf(&m.hist, format+"\n", args...)
+		m.histMu.Unlock()
+	}
+}
+
+var (
+	mmDumpFile = os.Getenv("POOLALLOC_MULTI_DUMP")
+	mmDumpOnce sync.Once
+)
+
+// dumpHistory writes the history to POOLALLOC_MULTI_DUMP, once per run.
+func (m *mmMachine) dumpHistory() {
+	if mmDumpFile == "" {
+		return
+	}
+	mmDumpOnce.Do(func() {
+		m.histMu.Lock()
+		defer m.histMu.Unlock()
+		_ = os.WriteFile(mmDumpFile, []byte(m.hist.String()), 0o644)
+	})
+}
+
 func (m *mmMachine) setDirty(pod *mmPod, claim types.UID, why string) {
 	if _, ok := m.dirty[pod.uid]; !ok {
 		m.dirty[pod.uid] = mmDirty{claim: claim, why: why}
@@ -690,7 +755,7 @@ func (m *mmMachine) failOnViolations() {
 	m.violations, m.journal = nil, nil
 	m.mu.Unlock()
 	for _, j := range journal {
-		m.t.Logf("    %s", j)
+		m.logf("    %s", j)
 	}
 	m.failWith(vs)
 }
@@ -719,7 +784,7 @@ func (m *mmMachine) logState(st *mmState) {
 			c.name, c.uid, c.pool, c.want, c.terminating, c.finalizers, c.rv, c.held, c.released, c.release)
 		if m.printed["c/"+c.name] != line {
 			m.printed["c/"+c.name] = line
-			m.t.Logf("  %s", line)
+			m.logf("  %s", line)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(st.pods)) {
@@ -727,17 +792,17 @@ func (m *mmMachine) logState(st *mmState) {
 		line := fmt.Sprintf("pod %s (%s) ready %t terminating %t mark %q", p.name, p.uid, p.ready, p.terminating, p.mark)
 		if m.printed["p/"+name] != line {
 			m.printed["p/"+name] = line
-			m.t.Logf("  %s", line)
+			m.logf("  %s", line)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(m.printed)) {
 		if n, ok := strings.CutPrefix(name, "p/"); ok && st.pods[n] == nil {
 			delete(m.printed, name)
-			m.t.Logf("  pod %s gone", n)
+			m.logf("  pod %s gone", n)
 		}
 		if n, ok := strings.CutPrefix(name, "c/"); ok && !slices.ContainsFunc(st.claims, func(c *mmClaim) bool { return c.name == n }) {
 			delete(m.printed, name)
-			m.t.Logf("  claim %s gone", n)
+			m.logf("  claim %s gone", n)
 		}
 	}
 }
@@ -787,7 +852,7 @@ func (m *mmMachine) startAllocator(t *rapid.T) *mmAlloc {
 	m.must(err, "allocator.New")
 	al.a = a
 	m.allocs = append(m.allocs, al)
-	t.Logf("start allocator a%d (%s, %d writers)", al.id, al.algo, al.writers)
+	m.logf("start allocator a%d (%s, %d writers)", al.id, al.algo, al.writers)
 	return al
 }
 
@@ -795,7 +860,7 @@ func (m *mmMachine) dropAllocator(al *mmAlloc, why string) {
 	al.dead.Store(true)
 	m.allocs = slices.DeleteFunc(m.allocs, func(x *mmAlloc) bool { return x == al })
 	m.stats.crashes.Add(1)
-	m.t.Logf("allocator a%d stops (%s)", al.id, why)
+	m.logf("allocator a%d stops (%s)", al.id, why)
 }
 
 func (m *mmMachine) clientFor(al *mmAlloc) client.WithWatch {
@@ -992,11 +1057,27 @@ func (m *mmMachine) drawListing(t *rapid.T, al *mmAlloc, pool string) mmListing 
 	m.mu.Unlock()
 	// Drawn from a fixed range, so that a replay whose concurrent rounds
 	// wrote a little differently draws the same.
-	pl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "pod listing lag"), len(pods)-1)
-	cl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "claim listing lag"), len(claims)-1)
+	now := m.clock.Now()
+	pl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "pod listing lag"),
+		usable(len(pods), now, func(i int) time.Time { return pods[i].superseded })-1)
+	cl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "claim listing lag"),
+		usable(len(claims), now, func(i int) time.Time { return claims[i].superseded })-1)
 	l.pods, l.claims = filterPool(pool, pods[len(pods)-1-pl].pods, claims[len(claims)-1-cl].claims)
 	l.unstructured = unstr
 	l.what = fmt.Sprintf("pods %d and claims %d listings behind", pl, cl)
+	if mmDumpFile != "" {
+		// The listing itself, for the dump of a failing history.
+		var b strings.Builder
+		for _, p := range l.pods {
+			fmt.Fprintf(&b, " %s@%s(%s,%q)", p.Name, p.ResourceVersion, p.UID, p.Annotations[mmMarkKey])
+		}
+		b.WriteString(" |")
+		for _, c := range l.claims {
+			held, released, _, _ := mmDecode(&c)
+			fmt.Fprintf(&b, " %s@%s(want %d held %v released %v)", c.Name, c.ResourceVersion, c.Spec.Replicas, held, released)
+		}
+		l.what += ":" + b.String()
+	}
 	if pl > 0 || cl > 0 {
 		m.stats.lagging.Add(1)
 	}
@@ -1099,11 +1180,11 @@ func (m *mmMachine) logRound(r *mmRound) {
 		m.stats.updates.Add(1)
 	}
 	if r.panicked != "" {
-		m.t.Logf("a%d %s %s (%s) panicked: %s", r.al.id, verb, r.l.pool, r.l.what, r.panicked)
+		m.logf("a%d %s %s (%s) panicked: %s", r.al.id, verb, r.l.pool, r.l.what, r.panicked)
 		m.failOnViolations()
 		m.fatalf("the allocator panicked: %s", strings.SplitN(r.panicked, "\n", 2)[0])
 	}
-	m.t.Logf("a%d %s %s (%s): allocated %v released %v recycling %v lost %d shortfall %d err %v",
+	m.logf("a%d %s %s (%s): allocated %v released %v recycling %v lost %d shortfall %d err %v",
 		r.al.id, verb, r.l.pool, r.l.what, grants(r.res.Allocated), grants(r.res.Released), r.res.Recycling, len(r.res.Lost), r.res.Shortfall, r.err)
 }
 
@@ -1303,7 +1384,7 @@ func (m *mmMachine) concurrentRounds(t *rapid.T) {
 	if a1 != a2 && p1 == p2 {
 		m.stats.twoAllocators.Add(1)
 	}
-	t.Logf("concurrently:")
+	m.logf("concurrently:")
 	m.logRound(r1)
 	m.logRound(r2)
 	m.failOnViolations()
@@ -1345,7 +1426,7 @@ func (m *mmMachine) lateJoiner(t *rapid.T) {
 func (m *mmMachine) advanceClock(t *rapid.T) {
 	d := rapid.SampledFrom([]time.Duration{10 * time.Second, time.Minute, allocator.Quarantine + time.Second}).Draw(t, "advance")
 	m.clock.Step(d)
-	t.Logf("clock +%s", d)
+	m.logf("clock +%s", d)
 }
 
 func (m *mmMachine) enableMarks(t *rapid.T) {
@@ -1372,7 +1453,7 @@ func (m *mmMachine) enableMarks(t *rapid.T) {
 		}
 	}
 	m.mu.Unlock()
-	t.Logf("pod marks on from now (records written without them stay)")
+	m.logf("pod marks on from now (records written without them stay)")
 }
 
 func (m *mmMachine) setRecycler(t *rapid.T) {
@@ -1380,7 +1461,7 @@ func (m *mmMachine) setRecycler(t *rapid.T) {
 	m.mu.Lock()
 	m.recMode = mode
 	m.mu.Unlock()
-	t.Logf("recycler: %s", mode)
+	m.logf("recycler: %s", mode)
 }
 
 func (m *mmMachine) recyclerFinish(t *rapid.T) {
@@ -1399,7 +1480,7 @@ func (m *mmMachine) recyclerFinish(t *rapid.T) {
 		m.recFinish[p] = true
 	}
 	m.mu.Unlock()
-	t.Logf("recycler will finish %v", pods)
+	m.logf("recycler will finish %v", pods)
 }
 
 // ---- actions: pods ----
@@ -1457,7 +1538,7 @@ func (m *mmMachine) addPods(t *rapid.T) {
 	for range n {
 		names = append(names, m.createPod(pool, "", ready).Name)
 	}
-	t.Logf("add pods %v to %s ready=%t", names, pool, ready)
+	m.logf("add pods %v to %s ready=%t", names, pool, ready)
 }
 
 func (m *mmMachine) podReadiness(t *rapid.T) {
@@ -1468,7 +1549,7 @@ func (m *mmMachine) podReadiness(t *rapid.T) {
 		t.Skip("pod gone or terminating")
 	}
 	m.must(testenv.SetPodReady(m.ctx, m.w.raw, pod, ready), "set readiness")
-	t.Logf("pod %s ready=%t", name, ready)
+	m.logf("pod %s ready=%t", name, ready)
 }
 
 // removePod deletes a pod for good, dropping the test's finalizer.
@@ -1500,11 +1581,11 @@ func (m *mmMachine) deletePod(t *rapid.T) {
 		pod.Finalizers = []string{mmPodFinalizer}
 		m.must(m.w.raw.Update(m.ctx, pod), "add pod finalizer")
 		m.must(m.w.raw.Delete(m.ctx, pod, client.GracePeriodSeconds(0)), "delete pod")
-		t.Logf("pod %s terminating", name)
+		m.logf("pod %s terminating", name)
 		return
 	}
 	m.removePod(pod)
-	t.Logf("pod %s deleted", name)
+	m.logf("pod %s deleted", name)
 }
 
 // recreatePod deletes a pod (if it exists) and creates a new one under the
@@ -1526,7 +1607,7 @@ func (m *mmMachine) recreatePod(t *rapid.T) {
 	}
 	m.mu.Unlock()
 	m.stats.recreates.Add(1)
-	t.Logf("pod %s recreated (uid %s) ready=%t", name, pod.UID, ready)
+	m.logf("pod %s recreated (uid %s) ready=%t", name, pod.UID, ready)
 }
 
 // ---- actions: claims ----
@@ -1577,7 +1658,7 @@ func (m *mmMachine) createClaim(t *rapid.T) {
 		cl.Finalizers = []string{mmKeepFinalizer}
 	}
 	m.must(m.w.raw.Create(m.ctx, cl), "create claim")
-	t.Logf("create claim %s (%s) pool %s want %d priority %d keep %t", cl.Name, cl.UID, pool, want, prio, keep)
+	m.logf("create claim %s (%s) pool %s want %d priority %d keep %t", cl.Name, cl.UID, pool, want, prio, keep)
 }
 
 // claimCount counts the claims that exist, from the server (createClaim
@@ -1597,7 +1678,7 @@ func (m *mmMachine) scaleClaim(t *rapid.T) {
 	}
 	cl.Spec.Replicas = int32(want)
 	m.must(m.w.raw.Update(m.ctx, cl), "scale claim")
-	t.Logf("scale %s to %d", c.name, want)
+	m.logf("scale %s to %d", c.name, want)
 }
 
 func (m *mmMachine) releasePods(t *rapid.T) {
@@ -1628,7 +1709,7 @@ func (m *mmMachine) releasePods(t *rapid.T) {
 	}
 	cl.SetAnnotations(ann)
 	m.must(m.w.raw.Update(m.ctx, cl), "owner release")
-	t.Logf("owner of %s releases %v (holds %v)", c.name, pods, c.held)
+	m.logf("owner of %s releases %v (holds %v)", c.name, pods, c.held)
 }
 
 func (m *mmMachine) deleteClaim(t *rapid.T) {
@@ -1638,7 +1719,7 @@ func (m *mmMachine) deleteClaim(t *rapid.T) {
 		t.Skip("claim gone")
 	}
 	m.must(m.w.raw.Delete(m.ctx, cl), "delete claim")
-	t.Logf("delete claim %s", c.name)
+	m.logf("delete claim %s", c.name)
 }
 
 func (m *mmMachine) forceDeleteClaim(t *rapid.T) {
@@ -1665,7 +1746,7 @@ func (m *mmMachine) forceDeleteClaim(t *rapid.T) {
 	if err := m.w.raw.Delete(m.ctx, cl); err != nil && !apierrors.IsNotFound(err) {
 		m.fatalf("force delete: %v", err)
 	}
-	t.Logf("force-delete claim %s (held %v)", c.name, c.held)
+	m.logf("force-delete claim %s (held %v)", c.name, c.held)
 }
 
 // premark reports whether the claim's record lists a pod written without
@@ -1707,7 +1788,7 @@ func (m *mmMachine) moveClaim(t *rapid.T) {
 	cl.Spec.PoolRef = to
 	m.must(m.w.raw.Update(m.ctx, cl), "move claim")
 	m.stats.moves.Add(1)
-	t.Logf("while no allocator runs, claim %s moves to pool %s (held %v)", c.name, to, c.held)
+	m.logf("while no allocator runs, claim %s moves to pool %s (held %v)", c.name, to, c.held)
 }
 
 // ---- liveness ----
@@ -1730,7 +1811,7 @@ func (m *mmMachine) settle(t *rapid.T) {
 	m.mu.Lock()
 	m.recMode = recycleDone
 	m.mu.Unlock()
-	t.Logf("settle: a%d alone, recycler done, up to %d rounds per pool", al.id, mmSettleRounds)
+	m.logf("settle: a%d alone, recycler done, up to %d rounds per pool", al.id, mmSettleRounds)
 	// Three rounds per pool in a row without a write or a recycler call,
 	// the clock past the quarantine each time, are as far as it goes.
 	quiet := 0
@@ -1802,7 +1883,7 @@ func (m *mmMachine) liveness() {
 		}
 	}
 	if len(errs) > 0 {
-		m.t.Logf("after the settle rounds by one allocator:")
+		m.logf("after the settle rounds by one allocator:")
 	}
 	m.failWith(errs)
 }
@@ -1857,7 +1938,7 @@ func (m *mmMachine) actions() map[string]func(*rapid.T) {
 				}
 			}
 			name := table[i%len(table)]
-			t.Logf("> %s", name)
+			m.logf("> %s", name)
 			fs[name](t)
 			m.steps++
 			m.stats.steps.Add(1)

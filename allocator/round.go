@@ -485,8 +485,11 @@ func (r *round) observePod(pod *corev1.Pod) {
 	if pi.unchanged(pod.ResourceVersion) {
 		return
 	}
-	if n := rvNum(pod.ResourceVersion); pi.present && n != 0 && n < rvNum(pi.rv) {
-		return // older than what is known (a lagging listing after a live read)
+	if n := rvNum(pod.ResourceVersion); n != 0 && n < rvNum(pi.rv) {
+		// Older than what is known (a lagging listing after a live read
+		// or a write of ours). A pod a lagging listing lacked stays
+		// missing until a listing shows it at least as new as known.
+		return
 	}
 	pi.present = true
 	pi.rv = pod.ResourceVersion
@@ -561,7 +564,9 @@ func (r *round) podGone(name string, pi *podInfo) {
 		pi.setNextPod(nil)
 	}
 	if pi.present {
-		pi.present, pi.ready, pi.rv = false, false, ""
+		// pi.rv stays: a lagging listing showing an older version of the
+		// pod must not undo what is known of it.
+		pi.present, pi.ready = false, false
 		p.refreshFree(pi)
 	}
 	r.maybeForget(pi)
