@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,6 +32,10 @@ type write struct {
 	// settled are pods settled for the claim (pod marks): recycled, to be
 	// recorded as released although its record does not list them held.
 	settled []string
+
+	// marks are the live marks of pods the base record lists that are
+	// known only at a version older than it (staleMarks), by name.
+	marks map[string]string
 
 	// Outcome, set by do and read by apply.
 	obj     client.Object // the claim as stored after the write
@@ -209,7 +214,12 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 					allocated = append(allocated, name)
 					continue
 				}
-				if _, ok := gone[name]; !ok && pi != nil && pi.markUID(r.p.name) == ci.uid && pi.settleFor == nil {
+				mine := pi != nil && pi.markUID(r.p.name) == ci.uid
+				if live, ok := w.marks[name]; ok {
+					h, _ := parseMark(r.p.name, live)
+					mine = h.UID == ci.uid
+				}
+				if _, ok := gone[name]; !ok && pi != nil && mine && pi.settleFor == nil {
 					allocated = append(allocated, name)
 				}
 			}
@@ -291,6 +301,7 @@ func (r *round) do(w *write) {
 	if base.GetDeletionTimestamp() != nil {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
+	w.marks = r.staleMarks(w.ci, base)
 	rec, fin := r.desired(w, base, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
 		!w.ci.rewrite && fin == s.HasFinalizer(base) {
@@ -322,6 +333,38 @@ func (r *round) do(w *write) {
 		}
 	}
 	w.unknown = true
+}
+
+// staleMarks reads live the pods that base's record lists as held, whose
+// marks as known do not name ci and are older than base: a write must not
+// drop a pod the record lists on a belief older than the record (the pod
+// may have been marked for ci since). It runs in do, concurrently with
+// other writes, and only reads the pool.
+func (r *round) staleMarks(ci *claimInfo, base client.Object) map[string]string {
+	if !r.marks() {
+		return nil
+	}
+	rec, err := r.a.cfg.syncer.Read(base)
+	if err != nil {
+		return nil
+	}
+	baseRV := rvNum(base.GetResourceVersion())
+	var out map[string]string
+	for _, name := range rec.Held() {
+		pi := r.p.pods[name]
+		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid || rvNum(pi.rv) >= baseRV {
+			continue
+		}
+		var pod corev1.Pod
+		if err := r.a.cfg.podReader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: name}, &pod); err != nil || pod.UID != pi.uid {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string)
+		}
+		out[name] = pod.Annotations[r.a.cfg.markKey]
+	}
+	return out
 }
 
 // live reads claim ci from the API server. A claim of the same name with
@@ -436,7 +479,29 @@ func (r *round) apply(w *write) {
 			if fence > ci.recRV {
 				ci.recRV = fence
 			}
-			r.setStrays(ci, nil)
+			// Names the record keeps that the claim does not hold here
+			// (kept by their marks, e.g. a newer pod under a name whose
+			// old pod another claim still holds) stay strays, so that
+			// the claim takes them once the pod is free of that.
+			var strays []string
+			if ci.listed {
+				for _, name := range w.rec.Allocated {
+					if p.heldPod(ci, name) != nil || slices.Contains(w.add, name) || slices.Contains(w.adopt, name) {
+						continue
+					}
+					// Kept by a live read of its mark (staleMarks): held.
+					if pi := p.pods[name]; pi != nil && pi.present && pi.holder == nil && pi.reservedBy() == nil && pi.settleFor == nil {
+						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid {
+							pi.mark, pi.markOwn, pi.markRV = w.marks[name], false, max(pi.markRV, fence)
+							if r.allocate(ci, name) {
+								continue
+							}
+						}
+					}
+					strays = append(strays, name)
+				}
+			}
+			r.setStrays(ci, strays)
 		}
 		ci.setReleased(w.rec.Released)
 		ci.setRelease(w.rec.Release)

@@ -44,7 +44,10 @@ package allocator_test
 //     record without its mark, is uncertain; it must go through the
 //     recycler (or be deleted) before another claim's record holds it. A
 //     mark whose claim's record never listed the pod exposed it to no one
-//     (an allocator unmarking its own hand-out whose record write failed).
+//     (an allocator unmarking its own hand-out whose record write failed),
+//     and a pod recycled under its current mark stays clean while it
+//     carries that mark (DESIGN I13 asks for a recycle before reuse; a
+//     record may still list the pod when it is recycled).
 //   - EXCL and I13 make one exception: the record of a claim moved to
 //     another pool may name a pod of its old pool that was recreated under
 //     that name; the name no longer denotes the pod it got.
@@ -345,6 +348,9 @@ type mmMachine struct {
 	// exposed maps a pod (by UID) to the claim whose record held it under
 	// its current mark (see noteExposed).
 	exposed map[types.UID]types.UID
+	// recycledUnder maps a pod (by UID) to the mark it carried when it was
+	// last recycled, while it still carries it.
+	recycledUnder map[types.UID]string
 	// exemptRecreate: the record held the name when the test recreated
 	// the pod. exemptPremark: the record was written without pod marks.
 	exemptRecreate map[mmPair]bool
@@ -377,6 +383,7 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 		printed:        make(map[string]string),
 		dirty:          make(map[types.UID]mmDirty),
 		exposed:        make(map[types.UID]types.UID),
+		recycledUnder:  make(map[types.UID]string),
 		exemptRecreate: make(map[mmPair]bool),
 		exemptPremark:  make(map[mmPair]bool),
 		mayGo:          make(map[mmPair]bool),
@@ -491,6 +498,9 @@ func (m *mmMachine) noteExposed(st *mmState) {
 	for _, pod := range st.pods {
 		if c, ok := m.exposed[pod.uid]; ok && (pod.mark == "" || parseMarkUID(pod.mark) != c) {
 			delete(m.exposed, pod.uid)
+		}
+		if mark, ok := m.recycledUnder[pod.uid]; ok && mark != pod.mark {
+			delete(m.recycledUnder, pod.uid)
 		}
 	}
 	for _, c := range st.claims {
@@ -696,6 +706,8 @@ func (m *mmMachine) observe(st *mmState) {
 			switch {
 			case c != nil && slices.Contains(c.held, name) && len(hs) == 1:
 				delete(m.dirty, pod.uid) // held and marked: certain
+			case m.recycledUnder[pod.uid] == pod.mark:
+				// recycled under this mark already
 			case c == nil:
 				m.setDirty(pod, uid, "marked for "+pod.mark+", a claim that does not exist")
 			case !slices.Contains(c.held, name) && !slices.Contains(c.released, name) && m.exposed[pod.uid] == c.uid:
@@ -990,6 +1002,12 @@ func (m *mmMachine) recycler(al *mmAlloc) allocator.Recycler {
 		defer m.mu.Unlock()
 		if found {
 			delete(m.dirty, pod.UID)
+			if mark := pod.Annotations[mmMarkKey]; mark != "" {
+				// Recycled under its mark: that mark, until removed,
+				// makes the pod uncertain no more (DESIGN I13: an
+				// uncertain pod is recycled before it is handed out).
+				m.recycledUnder[pod.UID] = mark
+			}
 		}
 		delete(m.recFinish, name)
 		m.journal = append(m.journal, fmt.Sprintf("a%d recycle %s: done (%s)", al.id, name, mode))
@@ -1844,7 +1862,9 @@ func (m *mmMachine) liveness() {
 	short := make(map[string][]string) // pool → short claims
 	for _, c := range st.claims {
 		for _, p := range c.held {
-			if pool := m.podPool[p]; pool != c.pool {
+			// A name whose pod is gone is a lost pod, kept as any lost
+			// pod is (WithReplaceLost drops those), whatever its pool.
+			if pool := m.podPool[p]; pool != c.pool && st.pods[p] != nil {
 				add("a record holds a pod of another pool", "record of %s (pool %s) still holds pod %s of pool %q", c.name, c.pool, p, pool)
 			}
 		}

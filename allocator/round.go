@@ -787,6 +787,11 @@ func (r *round) unhold(ci *claimInfo, pod string, fence uint64) {
 		ci.recycling--
 		delete(r.p.recycling, pod)
 	}
+	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid {
+		// Marked for another claim, whose record may list it: that
+		// claim may take it now.
+		r.resolveMark(pi)
+	}
 	r.maybeForget(pi)
 }
 
