@@ -119,6 +119,16 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		// the pod is not free as it is.
 		r.toSettle(ci, pi)
 	}
+	if rv != 0 {
+		// A pod reserved for ci (marked for it after the record then
+		// known) that a record version newer than its mark does not list
+		// held is not ci's: it is settled, no longer counted for ci.
+		for _, pi := range r.p.reserved {
+			if pi.reservedBy() == ci && pi.present && pi.markUID(r.p.name) == ci.uid && pi.markRV != 0 && pi.markRV < rv && !slices.Contains(held, pi.name) {
+				r.startSettle(ci, pi)
+			}
+		}
+	}
 	var strays []string
 	for _, name := range held {
 		if r.p.heldPod(ci, name) != nil {
