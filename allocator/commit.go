@@ -208,13 +208,23 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 						pi = next
 					}
 				}
-				if pi == nil && !ci.listed {
+				if (pi == nil || !pi.present) && !ci.listed {
 					// A claim that left this pool (moved) may hold pods of
-					// its new pool: not this pool's to judge.
-					allocated = append(allocated, name)
+					// its new pool: not this pool's to judge (one known
+					// here only from a live read is not this pool's
+					// either).
+					if _, ok := gone[name]; !ok {
+						allocated = append(allocated, name)
+					}
 					continue
 				}
 				mine := pi != nil && pi.markUID(r.p.name) == ci.uid
+				if pi != nil && pi.mark == "" && pi.holder == ci && r.p.tomark[name] == ci.uid {
+					// Listed without a mark (a record from before pod
+					// marks) and held until it is marked and recycled:
+					// dropping it would free a pod of uncertain use.
+					mine = true
+				}
 				if live, ok := w.marks[name]; ok {
 					h, _ := parseMark(r.p.name, live)
 					mine = h.UID == ci.uid

@@ -72,8 +72,10 @@ type markJob struct {
 
 // markHeld marks held pods that carry no mark yet: pods a record lists
 // without a mark, which the claim holds from now on (WithPodMarkMigration)
-// or holds until they are recycled. A pod whose mark cannot be written is
-// not the claim's: it is dropped, and the record's entry is a stray.
+// or holds until they are recycled. A pod whose mark was refused stays the
+// claim's and is marked on a later round; one that is gone, or whose mark
+// may or may not have been written, is dropped, and the record's entry is
+// a stray.
 func (r *round) markHeld() {
 	if !r.marks() || len(r.p.tomark) == 0 {
 		return
@@ -100,6 +102,13 @@ func (r *round) markHeld() {
 			continue
 		}
 		r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
+		if definite(j.err) && !apierrors.IsNotFound(j.err) {
+			// Not marked (the pod changed since it was listed, say): the
+			// claim keeps it, of uncertain use as before, and the mark is
+			// tried again on the next round's view of the pod.
+			r.p.tomark[pi.name] = j.ci.uid
+			continue
+		}
 		r.drop(j.ci, pi)
 		r.addStray(j.ci, pi.name)
 		if !definite(j.err) {
