@@ -474,7 +474,10 @@ func (r *round) findPods() {
 				continue // known here otherwise: left to the listing
 			}
 			pi = r.p.podOrNew(j.name)
-			pi.uid, pi.mark, pi.markOwn, pi.markRV = j.pod.UID, j.pod.Annotations[r.a.cfg.markKey], false, rvNum(j.pod.ResourceVersion)
+			// Its version too: a lagging listing showing an older one
+			// must not undo what the live read showed.
+			pi.uid, pi.rv = j.pod.UID, j.pod.ResourceVersion
+			pi.mark, pi.markOwn, pi.markRV = j.pod.Annotations[r.a.cfg.markKey], false, rvNum(j.pod.ResourceVersion)
 			if r.allocate(ci, j.name) {
 				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.name }))
 			}
