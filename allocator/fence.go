@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -326,6 +327,13 @@ func (r *round) addStray(ci *claimInfo, name string) {
 	r.setStrays(ci, append(slices.Clone(ci.strays()), name))
 }
 
+// removeStray removes one stray entry from ci.
+func (r *round) removeStray(ci *claimInfo, name string) {
+	if slices.Contains(ci.strays(), name) {
+		r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == name }))
+	}
+}
+
 // maybeForget drops the entry of a pod that is neither listed nor needed.
 func (r *round) maybeForget(pi *podInfo) {
 	p := r.p
@@ -376,45 +384,53 @@ func (r *round) verifyPods() {
 	if len(r.verify) == 0 {
 		return
 	}
-	type job struct {
-		pi  *podInfo
-		pod corev1.Pod
-		err error
-	}
-	jobs := make([]*job, 0, len(r.verify))
-	for pi := range r.verify {
-		jobs = append(jobs, &job{pi: pi})
-	}
-	slices.SortFunc(jobs, func(x, y *job) int { return compareStrings(x.pi.name, y.pi.name) })
-	reader := r.a.cfg.podReader
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		j.err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: j.pi.name}, &j.pod)
-	})
 	verify := r.verify
 	r.verify = nil
-	for _, j := range jobs {
+	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return compareStrings(x.name, y.name) })
+	names := make([]string, len(pis))
+	for i, pi := range pis {
+		names[i] = pi.name
+	}
+	reads := r.readPods(names)
+	for i, pi := range pis {
+		rd := reads[i]
 		switch {
-		case apierrors.IsNotFound(j.err):
-			r.podGone(j.pi.name, j.pi)
-		case j.err != nil:
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, j.pi.name, j.err))
+		case apierrors.IsNotFound(rd.err):
+			r.podGone(pi.name, pi)
+		case rd.err != nil:
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, pi.name, rd.err))
 			continue
 		default:
-			r.observePod(&j.pod)
+			r.observePod(&rd.pod)
 		}
-		for _, ci := range verify[j.pi] {
-			if !slices.Contains(ci.strays(), j.pi.name) || r.p.heldPod(ci, j.pi.name) != nil {
+		for _, ci := range verify[pi] {
+			if !slices.Contains(ci.strays(), pi.name) || r.p.heldPod(ci, pi.name) != nil {
 				continue
 			}
-			if r.takeName(ci, j.pi.name, podRead) {
-				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.pi.name }))
+			if r.takeName(ci, pi.name, podRead) {
+				r.removeStray(ci, pi.name)
 			}
 		}
-		if pi := r.p.pods[j.pi.name]; pi != nil {
-			r.resolveMark(pi)
+		if now := r.p.pods[pi.name]; now != nil {
+			r.resolveMark(now)
 		}
 	}
+}
+
+// livePod is a live read of one pod.
+type livePod struct {
+	pod corev1.Pod
+	err error
+}
+
+// readPods reads the named pods of the pool live, concurrently, in order.
+func (r *round) readPods(names []string) []livePod {
+	out := make([]livePod, len(names))
+	reader := r.a.cfg.podReader
+	r.parallel(len(names), func(i int) {
+		out[i].err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: names[i]}, &out[i].pod)
+	})
+	return out
 }
 
 // findLater asks for the pod named name, which ci's record lists and the
@@ -437,49 +453,36 @@ func (r *round) findPods() {
 	if len(r.find) == 0 {
 		return
 	}
-	type job struct {
-		name string
-		pod  corev1.Pod
-		err  error
-	}
-	jobs := make([]*job, 0, len(r.find))
-	for name := range r.find {
-		jobs = append(jobs, &job{name: name})
-	}
-	slices.SortFunc(jobs, func(x, y *job) int { return compareStrings(x.name, y.name) })
-	reader := r.a.cfg.podReader
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		j.err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: j.name}, &j.pod)
-	})
 	find := r.find
 	r.find = nil
-	for _, j := range jobs {
-		if j.err != nil {
-			if !apierrors.IsNotFound(j.err) {
-				r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, j.name, j.err))
+	names := slices.Sorted(maps.Keys(find))
+	for i, rd := range r.readPods(names) {
+		name, pod := names[i], &rd.pod
+		if rd.err != nil {
+			if !apierrors.IsNotFound(rd.err) {
+				r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, name, rd.err))
 			}
 			continue
 		}
-		h, ok := parseMark(r.p.name, j.pod.Annotations[r.a.cfg.markKey])
+		h, ok := parseMark(r.p.name, pod.Annotations[r.a.cfg.markKey])
 		if !ok {
 			continue
 		}
-		for _, ci := range find[j.name] {
-			if ci.uid != h.UID || !slices.Contains(ci.strays(), j.name) || r.p.heldPod(ci, j.name) != nil {
+		for _, ci := range find[name] {
+			if ci.uid != h.UID || !slices.Contains(ci.strays(), name) || r.p.heldPod(ci, name) != nil {
 				continue
 			}
-			pi := r.p.pods[j.name]
-			if pi != nil && (pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != j.pod.UID) {
+			pi := r.p.pods[name]
+			if pi != nil && (pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != pod.UID) {
 				continue // known here otherwise: left to the listing
 			}
-			pi = r.p.podOrNew(j.name)
+			pi = r.p.podOrNew(name)
 			// Its version too: a lagging listing showing an older one
 			// must not undo what the live read showed.
-			pi.uid, pi.rv = j.pod.UID, j.pod.ResourceVersion
-			pi.mark, pi.markOwn, pi.markRV = j.pod.Annotations[r.a.cfg.markKey], false, rvNum(j.pod.ResourceVersion)
-			if r.allocate(ci, j.name) {
-				r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == j.name }))
+			pi.uid, pi.rv = pod.UID, pod.ResourceVersion
+			pi.mark, pi.markOwn, pi.markRV = pod.Annotations[r.a.cfg.markKey], false, rvNum(pod.ResourceVersion)
+			if r.allocate(ci, name) {
+				r.removeStray(ci, name)
 			}
 		}
 	}
@@ -575,7 +578,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		// Its record lists the pod, which was not free when the record
 		// was taken in (settling for another claim, or an older pod under
 		// the name): now its mark says it is the claim's.
-		r.setStrays(ci, slices.DeleteFunc(slices.Clone(ci.strays()), func(n string) bool { return n == pi.name }))
+		r.removeStray(ci, pi.name)
 		return
 	}
 	if ci.recRV != 0 && ci.recRV > pi.markRV {

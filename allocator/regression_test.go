@@ -314,13 +314,7 @@ func markPod(t *testing.T, c client.Client, pod *corev1.Pod, mark string) {
 // lost pod, until a listing shows it (the many-allocator machine).
 func TestRegressionLaggingPodListingKeepsHeldPod(t *testing.T) {
 	ctx := context.Background()
-	c := newFakeClient(t, nil)
-	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
-	_, err := testenv.CreatePods(ctx, c, "ns", "p", 3, true)
-	require.NoError(t, err)
-	cl := testenv.NewClaim("ns", "c", "p", 1)
-	cl.UID = "uid-c"
-	require.NoError(t, c.Create(ctx, cl))
+	c, pool, _ := regressionPool(t, 3, 1)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
 	res, err := world.Round(ctx, a, c, pool)
@@ -349,4 +343,239 @@ func TestRegressionLaggingPodListingKeepsHeldPod(t *testing.T) {
 	require.Empty(t, res.Lost)
 	require.Equal(t, held, recordOn(t, c, "c").Held())
 	require.Len(t, res.Idle, 2)
+}
+
+// regressionPool sets up namespace ns with pool p of n ready pods and claim
+// c (UID uid-c) wanting want, on a fake client with global
+// resourceVersions.
+func regressionPool(t *testing.T, n int, want int32) (client.Client, types.NamespacedName, *testenv.Claim) {
+	t.Helper()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(context.Background(), c, "ns", "p", n, true)
+	require.NoError(t, err)
+	cl := testenv.NewClaim("ns", "c", "p", want)
+	cl.UID = "uid-c"
+	require.NoError(t, c.Create(context.Background(), cl))
+	return c, pool, cl
+}
+
+// A fresh allocator first sees a pod marked for a claim whose record (from
+// a lagging claim listing) does not list it: a hand-out may be in flight,
+// so the pod is reserved for the claim. A newer record that lists the pod
+// released, not held, must end that reservation: counted against what the
+// claim wants, it made the allocator give back another pod the claim held
+// (the many-allocator machine, I7).
+func TestRegressionNewerRecordEndsReservation(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 4, 2)
+	// Pods unmarked, the claim without a record.
+	early, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	podsEarly, claimsEarly := early, early
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	first := res.Allocated[0].Pods
+	podsMarked, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	// The owner releases the first pod; a new pod joins; A serves again.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Annotations["poolalloc.io/release"] = `{"pods":["` + first[0] + `"]}`
+	require.NoError(t, c.Update(ctx, cl))
+	for range 3 {
+		res, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+	}
+	want := recordOn(t, c, "c").Held()
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	b, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err = b.Round(ctx, allocator.Input{Pool: pool, Pods: podsMarked.Pods, Claims: claimsEarly.Claims})
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated, "the marked pods are reserved for the claim")
+	var lagging []corev1.Pod
+	for _, p := range podsEarly.Pods {
+		if p.Name == want[0] || p.Name == want[1] {
+			if p.Name != first[1] {
+				continue // the listing lags: the newer hand-out is missing
+			}
+		}
+		lagging = append(lagging, p)
+	}
+	res, err = b.Round(ctx, allocator.Input{Pool: pool, Pods: lagging, Claims: fresh.Claims})
+	// The second listing's pods lag more than its claims (another cache).
+	require.Empty(t, res.Allocated)
+	require.Equal(t, want, recordOn(t, c, "c").Held(), "the claim keeps both pods its record lists")
+}
+
+// A claim missing from a claim listing that lags for a Quarantine is taken
+// for one that left the pool (the contract bounds listing lag by a
+// Quarantine): its pods are given back, but recorded released only after
+// the recycler finished them (DESIGN I6). Found by the single-allocator
+// machine while trying to write a moved claim's pods out of its record
+// before recycling them.
+func TestRegressionStaleClaimListingPastQuarantineRecyclesFirst(t *testing.T) {
+	ctx := context.Background()
+	c, pool, _ := regressionPool(t, 2, 1)
+	stale, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	stale.Claims = nil // from before the claim existed
+	var finish atomic.Bool
+	clk := clocktesting.NewFakeClock(time.Now())
+	a, err := allocator.New(c, allocator.WithClock(clk),
+		allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) { return finish.Load(), nil }))
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	held := res.Allocated[0].Pods
+
+	_, err = a.Round(ctx, stale)
+	require.NoError(t, err)
+	require.Equal(t, held, recordOn(t, c, "c").Held(), "missing for less than a Quarantine: nothing given back")
+	clk.Step(allocator.Quarantine)
+	res, err = a.Round(ctx, stale)
+	require.NoError(t, err)
+	require.Equal(t, held, res.Recycling, "given back through the recycler")
+	rec := recordOn(t, c, "c")
+	require.Equal(t, held, rec.Held(), "not recorded released while the recycler holds it")
+	require.Empty(t, rec.Released)
+
+	finish.Store(true)
+	_, err = a.Round(ctx, stale)
+	require.NoError(t, err)
+	rec = recordOn(t, c, "c")
+	require.Empty(t, rec.Held())
+	require.Equal(t, held, rec.Released, "recorded released once recycled")
+}
+
+// A pod a claim holds drops out of one listing (lost) and then shows up in
+// a lagging one at a version from before its mark. The allocator must not
+// take that older version for news: it read as an unmarked pod held by a
+// record, which was recycled and written out of the claim's record (the
+// many-allocator machine, I7).
+func TestRegressionOlderPodVersionAfterAbsence(t *testing.T) {
+	ctx := context.Background()
+	c, pool, _ := regressionPool(t, 2, 1)
+	before, err := world.Input(ctx, c, pool) // pods unmarked
+	require.NoError(t, err)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	held := res.Allocated[0].Pods
+
+	b, err := allocator.New(c)
+	require.NoError(t, err)
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	_, err = b.Round(ctx, fresh)
+	require.NoError(t, err)
+	without := fresh
+	without.Pods = slices.DeleteFunc(slices.Clone(fresh.Pods), func(p corev1.Pod) bool { return p.Name == held[0] })
+	res, err = b.Round(ctx, without)
+	require.NoError(t, err)
+	require.Len(t, res.Lost, 1)
+	res, err = b.Round(ctx, allocator.Input{Pool: pool, Pods: before.Pods, Claims: fresh.Claims})
+	require.NoError(t, err)
+	require.Empty(t, res.Recycling)
+	require.Empty(t, res.Released)
+	require.Empty(t, res.Allocated)
+	require.Equal(t, held, recordOn(t, c, "c").Held())
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held[0]}, &pod))
+	require.Equal(t, "c/uid-c", pod.Annotations[allocator.DefaultPodMarkKey], "its mark stays")
+}
+
+// The same claim gets a pod back after releasing it: the pod carries the
+// same mark value again at a newer version. An allocator that last saw the
+// first mark must not take the second for the first: a record that
+// released the pod (older than the new mark) would justify removing the
+// mark of the live hand-out (the many-allocator machine, I11).
+func TestRegressionSameMarkAgainIsNewer(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 1, 1)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	first, err := world.Input(ctx, c, pool) // p-0 marked for c, held
+	require.NoError(t, err)
+	b, err := allocator.New(c)
+	require.NoError(t, err)
+	_, err = b.Round(ctx, first)
+	require.NoError(t, err)
+
+	// The owner releases p-0; a recycles it, records it released, unmarks
+	// it; the claim then gets it back (the pool's only pod).
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Annotations[syncer.DefaultKeys().Release] = `{"pods":["p-0"]}`
+	require.NoError(t, c.Update(ctx, cl))
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	released, err := world.Input(ctx, c, pool) // the record with p-0 released
+	require.NoError(t, err)
+	require.Empty(t, recordOn(t, c, "c").Held())
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	delete(cl.Annotations, syncer.DefaultKeys().Release)
+	require.NoError(t, c.Update(ctx, cl))
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1, "p-0 handed to c again")
+	again, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	// b: the pod as it is now (the same mark, newer), the claim as it was
+	// when its record released the pod.
+	_, err = b.Round(ctx, allocator.Input{Pool: pool, Pods: again.Pods, Claims: released.Claims})
+	require.NoError(t, err)
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-0"}, &pod))
+	require.Equal(t, "c/uid-c", pod.Annotations[allocator.DefaultPodMarkKey], "the live hand-out keeps its mark")
+	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held())
+}
+
+// An allocator gives back the pods of a claim missing from its claim
+// listing and writes the claim's record from a live read. A pod that
+// record lists, known to the allocator only at an older version without a
+// mark, is read live before the write: it is marked for the claim, so the
+// write keeps it (the many-allocator machine, I7).
+func TestRegressionWriteKeepsPodKnownOnlyOlder(t *testing.T) {
+	ctx := context.Background()
+	c, pool, _ := regressionPool(t, 2, 2)
+	before, err := world.Input(ctx, c, pool) // pods unmarked
+	require.NoError(t, err)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p-0", "p-1"}, recordOn(t, c, "c").Held())
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	// b's listings: p-0 as it is, p-1 from before its mark, no claims.
+	var pods []corev1.Pod
+	for i, p := range fresh.Pods {
+		if p.Name == "p-1" {
+			p = before.Pods[i]
+		}
+		pods = append(pods, p)
+	}
+	in := allocator.Input{Pool: pool, Pods: pods}
+	clk := clocktesting.NewFakeClock(time.Now())
+	b, err := allocator.New(c, allocator.WithClock(clk), allocator.WithClaimType(&testenv.Claim{}))
+	require.NoError(t, err)
+	_, err = b.Round(ctx, in)
+	require.NoError(t, err)
+	clk.Step(allocator.Quarantine)
+	for range 2 {
+		_, err = b.Round(ctx, in)
+		require.NoError(t, err)
+	}
+	rec := recordOn(t, c, "c")
+	require.Equal(t, []string{"p-0"}, rec.Released, "p-0, known marked for the missing claim, is given back")
+	require.Equal(t, []string{"p-1"}, rec.Held(), "p-1, marked for it since, stays")
 }
