@@ -181,13 +181,15 @@ func compareNames(x, y *claimInfo) int {
 // (the store), never from base's record, so a tampered record is
 // overwritten rather than trusted; only the owner's release list is read
 // from base.
-func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, bool) {
+//
+// baseRec is base's record as decoded (nil if it cannot be read; a record
+// whose release list alone is malformed is read without it), releaseOK
+// whether its release list could be read.
+func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (syncer.Record, bool) {
 	ci := w.ci
 	release := ci.release()
-	if !own {
-		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
-			release = rec.Release
-		}
+	if !own && releaseOK {
+		release = baseRec.Release
 	}
 	gone := make(map[string]struct{}, len(w.done)+len(w.drop))
 	for _, p := range slices.Concat(w.done, w.drop) {
@@ -197,8 +199,8 @@ func (r *round) desired(w *write, base client.Object, own bool) (syncer.Record, 
 	if r.marks() {
 		// Only pods the version replaced lists, and that are marked for
 		// the claim, are kept: nothing is re-added from memory.
-		if rec, err := r.a.cfg.syncer.Read(base); err == nil {
-			for _, name := range rec.Held() {
+		if baseRec != nil {
+			for _, name := range baseRec.Held() {
 				pi := r.p.pods[name]
 				if pi != nil && !pi.present && pi.holder != ci {
 					if next := pi.nextPod(); next != nil && next.present {
@@ -311,8 +313,13 @@ func (r *round) do(w *write) {
 	if base.GetDeletionTimestamp() != nil {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
-	w.marks = r.staleMarks(w.ci, base)
-	rec, fin := r.desired(w, base, own)
+	var baseRec *syncer.Record
+	decoded, err := s.Read(base)
+	if err == nil || errors.Is(err, syncer.ErrMalformedRelease) {
+		baseRec = &decoded
+	}
+	w.marks = r.staleMarks(w.ci, base, baseRec)
+	rec, fin := r.desired(w, baseRec, err == nil, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
 		!w.ci.rewrite && fin == s.HasFinalizer(base) {
 		w.obj, w.rec = base, rec
@@ -350,17 +357,13 @@ func (r *round) do(w *write) {
 // drop a pod the record lists on a belief older than the record (the pod
 // may have been marked for ci since). It runs in do, concurrently with
 // other writes, and only reads the pool.
-func (r *round) staleMarks(ci *claimInfo, base client.Object) map[string]string {
-	if !r.marks() {
-		return nil
-	}
-	rec, err := r.a.cfg.syncer.Read(base)
-	if err != nil {
+func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) map[string]string {
+	if !r.marks() || baseRec == nil {
 		return nil
 	}
 	baseRV := rvNum(base.GetResourceVersion())
 	var out map[string]string
-	for _, name := range rec.Held() {
+	for _, name := range baseRec.Held() {
 		pi := r.p.pods[name]
 		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid || rvNum(pi.rv) >= baseRV {
 			continue

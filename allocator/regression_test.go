@@ -579,3 +579,33 @@ func TestRegressionWriteKeepsPodKnownOnlyOlder(t *testing.T) {
 	require.Equal(t, []string{"p-0"}, rec.Released, "p-0, known marked for the missing claim, is given back")
 	require.Equal(t, []string{"p-1"}, rec.Held(), "p-1, marked for it since, stays")
 }
+
+// An owner writes a malformed release list on its claim, which holds a
+// pod; then the claim wants one more. The write that serves it must keep
+// the pod the record lists: a write whose base record had a malformed
+// release list used to keep none of the held pods.
+func TestRegressionMalformedReleaseKeepsHeldPods(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 3, 1)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	held := res.Allocated[0].Pods
+
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Annotations[syncer.DefaultKeys().Release] = `{"pods":[`
+	cl.Spec.Replicas = 2
+	require.NoError(t, c.Update(ctx, cl))
+	res, err = world.Round(ctx, a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrInvalidRelease)
+	require.Len(t, res.Allocated, 1)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	rec, err := s.Read(cl)
+	require.ErrorIs(t, err, syncer.ErrMalformedRelease, "the owner's list is left as the owner wrote it")
+	now := rec.Held()
+	require.Len(t, now, 2)
+	require.Contains(t, now, held[0], "the pod it held stays in its record")
+}
