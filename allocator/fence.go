@@ -31,8 +31,10 @@ import (
 //     in this round, or this allocator's own earlier mark when the claim
 //     has not been written since.
 //   - Keep: a record write lists as held only pods that the version it
-//     replaces lists and whose mark names the claim. It never re-adds a pod
-//     from memory.
+//     replaces lists and whose mark names the claim (read live where the
+//     mark as known is older than that version), and the unmarked pods a
+//     record written before pod marks lists, which the claim holds until
+//     they are marked and recycled. It never re-adds a pod from memory.
 //   - Newer record wins: a newer version of a claim's record is taken in,
 //     filtered by the marks. A pod it lists that is marked for another
 //     claim, or absent, is not held by it (its next write drops it); a pod
