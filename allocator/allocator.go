@@ -372,8 +372,20 @@ type pool struct {
 	// promoted holds pods that took over their name from an older pod
 	// with it (dropPod): their marks are looked at in the next round.
 	promoted []*podInfo
+	// tombs remembers, for a Quarantine, the last version of pods whose
+	// entries were dropped once they left the pool: a lagging listing that
+	// still shows such a pod at that version or older does not bring it
+	// back (allocated lazily).
+	tombs map[string]podTomb
 	// places are the pods' podPlaces.
 	places map[podPlace]*podPlace
+}
+
+// podTomb is the last known version of a pod whose entry was dropped.
+type podTomb struct {
+	uid   types.UID
+	rv    uint64
+	until time.Time
 }
 
 func (p *pool) addPod(pi *podInfo)          { p.podSeen.add(pi) }

@@ -95,7 +95,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
 			for _, pi := range ci.held {
-				if !pi.present && !pi.recycling {
+				if r.gone(pi) && !pi.recycling {
 					get(ci).drop = append(get(ci).drop, pi.name)
 				}
 			}
@@ -201,15 +201,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 		// the claim, are kept: nothing is re-added from memory.
 		if baseRec != nil {
 			for _, name := range baseRec.Held() {
-				pi := r.p.pods[name]
-				if pi != nil && !pi.present && pi.holder != ci {
-					if next := pi.nextPod(); next != nil && next.present {
-						// The name is a newer pod's now, and the old one
-						// is not the claim's (lost) pod: the newer pod's
-						// mark decides.
-						pi = next
-					}
-				}
+				pi := r.p.recordPod(ci, name)
 				if (pi == nil || !pi.present) && !ci.listed {
 					// A claim that left this pool (moved) may hold pods of
 					// its new pool: not this pool's to judge (one known
@@ -321,7 +313,9 @@ func (r *round) do(w *write) {
 	w.marks = r.staleMarks(w.ci, base, baseRec)
 	rec, fin := r.desired(w, baseRec, err == nil, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
-		!w.ci.rewrite && fin == s.HasFinalizer(base) {
+		(!w.ci.rewrite || baseRec != nil && sameRecord(*baseRec, rec)) && fin == s.HasFinalizer(base) {
+		// Nothing to change (a rewrite that would write what is there
+		// already changes nothing either).
 		w.obj, w.rec = base, rec
 		return
 	}
@@ -352,6 +346,20 @@ func (r *round) do(w *write) {
 	w.unknown = true
 }
 
+// recordPod is the pod that ci's record means by name: the pool's entry,
+// or, where the entry is an older pod under the name that is gone and not
+// ci's (lost) pod, the newer pod waiting under the name, whose mark then
+// decides.
+func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
+	pi := p.pods[name]
+	if pi != nil && !pi.present && pi.holder != ci {
+		if next := pi.nextPod(); next != nil && next.present {
+			return next
+		}
+	}
+	return pi
+}
+
 // staleMarks reads live the pods that base's record lists as held, whose
 // marks as known do not name ci and are older than base: a write must not
 // drop a pod the record lists on a belief older than the record (the pod
@@ -364,7 +372,7 @@ func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Re
 	baseRV := rvNum(base.GetResourceVersion())
 	var out map[string]string
 	for _, name := range baseRec.Held() {
-		pi := r.p.pods[name]
+		pi := r.p.recordPod(ci, name)
 		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid || rvNum(pi.rv) >= baseRV {
 			continue
 		}
@@ -406,6 +414,14 @@ func definite(err error) bool {
 	return errors.As(err, &recErr)
 }
 
+// sameRecord reports whether two records list the same pods, in any
+// order.
+func sameRecord(x, y syncer.Record) bool {
+	return slices.Equal(sortedCopy(x.Allocated), sortedCopy(y.Allocated)) &&
+		slices.Equal(sortedCopy(x.Release), sortedCopy(y.Release)) &&
+		slices.Equal(sortedCopy(x.Released), sortedCopy(y.Released))
+}
+
 func sortedCopy(s []string) []string {
 	out := slices.Clone(s)
 	slices.Sort(out)
@@ -419,12 +435,26 @@ func (r *round) apply(w *write) {
 	if w.fresh != nil && w.fresh.GetDeletionTimestamp() != nil {
 		ci.terminating = true // safe to learn from a live read: it never reverts
 	}
-	for _, name := range w.done {
-		if pi := p.heldPod(ci, name); pi != nil {
-			pi.recycled = true
+	committed := w.err == nil && !w.gone
+	if !committed && !w.unknown && r.marks() {
+		// Not recorded released, for certain: the record still lists the
+		// pods as held, and the owner may use them again (it may take back
+		// its release request). With pod marks they are recycled again
+		// before they are released, however their release is written
+		// (their marks keep them out of the pool until it is). After a
+		// write of unknown outcome, which may have recorded them released,
+		// they stay recycled: the next write records what the server may
+		// hold already; so they do without pod marks, where the next write
+		// is made from what the allocator holds. A pod counted done only
+		// because the listing lacked it was never recycled (recycle sets
+		// recycled only on the recycler's word): the listing may lag, and
+		// the pod show up again as it was.
+		for _, name := range w.done {
+			if pi := p.heldPod(ci, name); pi != nil {
+				pi.recycled = false
+			}
 		}
 	}
-	committed := w.err == nil && !w.gone
 	for _, name := range w.marked {
 		if !committed || !slices.Contains(w.add, name) {
 			if w.unknown && slices.Contains(w.add, name) {

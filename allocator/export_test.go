@@ -1,4 +1,59 @@
 package allocator
 
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
 // CheckInvariants runs the allocator's self-check (see checkInvariants).
 func CheckInvariants(a Allocator) error { return a.(*defaultAllocator).checkInvariants() }
+
+// DumpState describes what a believes of pool's pods and claims, one line
+// each, for the many-allocator machine's failure dumps.
+func DumpState(al Allocator, pool types.NamespacedName) string {
+	a := al.(*defaultAllocator)
+	a.mu.Lock()
+	p := a.pools[pool]
+	a.mu.Unlock()
+	if p == nil {
+		return "      (pool unknown)\n"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(p.pods)) {
+		pi := p.pods[name]
+		fmt.Fprintf(&b, "      pod %s %s@%s present=%v ready=%v mark=%q markRV=%d own=%v", name, pi.uid, pi.rv, pi.present, pi.ready, pi.mark, pi.markRV, pi.markOwn)
+		if pi.holder != nil {
+			fmt.Fprintf(&b, " held-by=%s", pi.holder.name.Name)
+		}
+		if ci := pi.reservedBy(); ci != nil {
+			fmt.Fprintf(&b, " reserved-for=%s", ci.name.Name)
+		}
+		if pi.settleFor != nil {
+			fmt.Fprintf(&b, " settling-for=%s", pi.settleFor.name.Name)
+		}
+		if pi.recycling {
+			b.WriteString(" recycling")
+		}
+		if next := pi.nextPod(); next != nil {
+			fmt.Fprintf(&b, " next=%s@%s", next.uid, next.rv)
+		}
+		b.WriteString("\n")
+	}
+	cis := slices.Collect(maps.Values(p.claims))
+	slices.SortFunc(cis, compareNames)
+	for _, ci := range cis {
+		var held []string
+		for _, pi := range ci.held {
+			held = append(held, pi.name)
+		}
+		fmt.Fprintf(&b, "      claim %s listed=%v gone=%v want=%d recRV=%d held=%v strays=%v released=%v recycling=%d\n",
+			ci.name.Name, ci.listed, ci.gone, ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
+	}
+	return b.String()
+}

@@ -178,13 +178,14 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 			return pi.holder == ci
 		case pi.settleFor == ci:
 			// Handed to it again after all (another allocator completed the
-			// hand-out): it is held, and given back as it was being settled.
+			// hand-out, or a lagging listing made an old mark look like a
+			// hand-out that never landed): it is held, and the settling
+			// ends. A recycle already asked for was guarded by the pod's
+			// resourceVersion then (RecycleRequest), which moved on with
+			// the hand-out. Giving it back now would take from the claim
+			// a pod it wants.
 			r.endSettle(pi)
-			if !r.allocate(ci, name) {
-				return false
-			}
-			r.startRecycling(ci, pi)
-			return true
+			return r.allocate(ci, name)
 		case pi.holder == nil && pi.reservedBy() == nil && pi.settleFor == nil:
 			return r.allocate(ci, name)
 		}
@@ -239,6 +240,8 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 	}
 	r.hold(ci, name)
 	r.a.setHolds(ci.uid, &r.p.name, true)
+	// It may now hold more than it wants: planned again.
+	r.p.dirty[ci] = struct{}{}
 	return true
 }
 
@@ -346,7 +349,22 @@ func (r *round) maybeForget(pi *podInfo) {
 		p.refreshFree(pi)
 		return
 	}
+	if rv := rvNum(pi.rv); rv != 0 && pi.nextPod() == nil {
+		if p.tombs == nil {
+			p.tombs = make(map[string]podTomb)
+		}
+		p.tombs[pi.name] = podTomb{uid: pi.uid, rv: rv, until: r.now.Add(Quarantine)}
+	}
 	p.dropPod(pi)
+}
+
+// pruneTombs forgets the tombs older than a Quarantine: listings lag less.
+func (r *round) pruneTombs() {
+	for name, t := range r.p.tombs {
+		if r.now.After(t.until) {
+			delete(r.p.tombs, name)
+		}
+	}
 }
 
 // dropPod removes pi's entry; a newer pod waiting under the name takes it.
@@ -521,10 +539,12 @@ func (r *round) resolveMark(pi *podInfo) {
 			p.refreshFree(pi)
 		}
 		if ci := pi.holder; ci != nil && p.tomark[pi.name] != ci.uid {
-			p.tomark[pi.name] = ci.uid
-			if !r.a.cfg.markMigrate {
-				r.startRecycling(ci, pi)
-			}
+			// Another allocator may have settled the pod: recorded it
+			// released in a record newer than the one known here, then
+			// unmarked it. The claim is read live before anything is
+			// done: if its record still lists the pod, the mark was
+			// removed by hand and the pod is of uncertain use.
+			r.confirmLater(ci, pi.name)
 		}
 		return
 	}
@@ -568,10 +588,14 @@ func (r *round) resolveMark(pi *podInfo) {
 	if p.heldPod(ci, pi.name) != nil {
 		return
 	}
-	if !ci.listed {
-		// Marked for a claim this pool does not list: deleted,
-		// force-deleted, moved to another pool, or not in a lagging
-		// listing yet. It is handled like a claim that left the pool.
+	if !ci.listed && ci.recRV == 0 {
+		// Marked for a claim this pool does not list and whose record it
+		// never read: deleted, force-deleted, moved to another pool, or
+		// not in a lagging listing yet. It is handled like a claim that
+		// left the pool. A claim whose record is known (listed before,
+		// missing from this listing) is judged by that record below, as
+		// a listed one is: a mark newer than the record may be a
+		// hand-out in flight, not a holding.
 		p.dirty[ci] = struct{}{}
 		r.allocate(ci, pi.name)
 		return
@@ -632,6 +656,9 @@ func (r *round) confirmClaims() {
 		j := jobs[i]
 		base := j.ci.object()
 		if base == nil {
+			base = r.p.protoFor(j.ci)
+		}
+		if base == nil {
 			j.err = errNoProto
 			return
 		}
@@ -652,10 +679,28 @@ func (r *round) confirmClaims() {
 			if !apierrors.IsNotFound(j.err) {
 				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("read claim: %w", j.err)))
 			}
+			for _, name := range j.names {
+				pi := r.p.heldPod(j.ci, name)
+				switch {
+				case pi == nil || !pi.present || pi.mark != "":
+				case apierrors.IsNotFound(j.err):
+					// The claim is gone: its pod is recycled as if its
+					// record still listed it.
+					r.lostMark(j.ci, pi, true)
+				default:
+					// Still held, and read again next round: until then
+					// it is not handed out, and no write keeps it.
+					r.p.promoted = append(r.p.promoted, pi)
+				}
+			}
 			continue
 		}
 		var taken []string
 		for _, name := range j.names {
+			if pi := r.p.heldPod(j.ci, name); pi != nil && pi.present && pi.mark == "" {
+				r.lostMark(j.ci, pi, slices.Contains(j.held, name))
+				continue
+			}
 			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
 				r.takeName(j.ci, name, podRead|claimRead) {
 				taken = append(taken, name)
@@ -681,6 +726,25 @@ func (r *round) resolvePods() {
 	r.check, r.p.promoted = nil, nil
 	for _, pi := range check {
 		r.resolveMark(pi)
+	}
+	// resolveMark asks for claims to be read live too.
+	r.confirmClaims()
+}
+
+// lostMark acts on a held pod whose mark is gone, once the claim was read
+// live: if the live record lists the pod, the mark was removed by hand
+// and the pod is of uncertain use: it is marked for ci again, and
+// recycled before anyone else gets it (unless WithPodMarkMigration).
+// Otherwise a newer record no longer lists it and whoever wrote that
+// record settled it: ci does not hold it.
+func (r *round) lostMark(ci *claimInfo, pi *podInfo, listed bool) {
+	if !listed {
+		r.drop(ci, pi)
+		return
+	}
+	r.p.tomark[pi.name] = ci.uid
+	if !r.a.cfg.markMigrate {
+		r.startRecycling(ci, pi)
 	}
 }
 

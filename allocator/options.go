@@ -168,6 +168,10 @@ func WithWriteConcurrency(n int) Option { return optionFunc(func(c *config) { c.
 // that is no longer ready is recycled; either way the claim is then offered
 // a replacement. By default lost pods stay held and are only reported in
 // Result.Lost.
+//
+// A held pod the listing lacks is read live first (WithAPIReader, else the
+// client; it needs get on pods): a lagging listing may lack a pod that is
+// still there, and such a pod is neither dropped nor replaced.
 func WithReplaceLost(replace bool) Option {
 	return optionFunc(func(c *config) { c.replaceLost = replace })
 }

@@ -48,9 +48,14 @@ package allocator_test
 //     and a pod recycled under its current mark stays clean while it
 //     carries that mark (DESIGN I13 asks for a recycle before reuse; a
 //     record may still list the pod when it is recycled).
-//   - EXCL and I13 make one exception: the record of a claim moved to
-//     another pool may name a pod of its old pool that was recreated under
-//     that name; the name no longer denotes the pod it got.
+//   - EXCL and I13 make one exception: a record may name a pod that was
+//     deleted and recreated under that name since the record got it; the
+//     name no longer denotes the pod it got (a pod is its name and UID).
+//     EXCL exempts it only where the allocator that handed the new pod to
+//     another claim could not see the record naming it: the record's claim
+//     moved to another pool, or the allocator's claim listing did not show
+//     that record. An allocator whose listing shows it must not hand the
+//     new pod out while the record names it.
 //   - I7 (no swap): a live claim's record stops holding a pod that exists,
 //     is ready and (with marks) still carries its mark only if the pod was,
 //     at some point seen, in the owner's release annotation, beyond the
@@ -355,6 +360,15 @@ type mmMachine struct {
 	// the pod. exemptPremark: the record was written without pod marks.
 	exemptRecreate map[mmPair]bool
 	exemptPremark  map[mmPair]bool
+	// exemptStale: an exemptRecreate pair that EXCL exempts for as long
+	// as the record names the pod: its claim moved pools since, or another
+	// claim's record got the new pod from an allocator whose claim listing
+	// did not show this record naming it (it could not know; see
+	// checkState).
+	exemptStale map[mmPair]bool
+	// listing is, per allocator in a round, the listing the round works
+	// on.
+	listing map[*mmAlloc]*mmListing
 	// mayGo holds the pods a claim's record may stop holding without its
 	// owner's say (I7): seen in its release annotation, while it held more
 	// than it wanted or was terminating, lost (gone, unready, terminating),
@@ -386,6 +400,8 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 		recycledUnder:  make(map[types.UID]string),
 		exemptRecreate: make(map[mmPair]bool),
 		exemptPremark:  make(map[mmPair]bool),
+		exemptStale:    make(map[mmPair]bool),
+		listing:        make(map[*mmAlloc]*mmListing),
 		mayGo:          make(map[mmPair]bool),
 		recFinish:      make(map[string]bool),
 	}
@@ -621,19 +637,34 @@ func (m *mmMachine) snapshot(st *mmState) {
 
 // ---- checks ----
 
-// checkState checks EXCL, I11 and I13 on st. m.mu held.
-func (m *mmMachine) checkState(st *mmState, where string) []mmViolation {
+// checkState checks EXCL, I11 and I13 on st. m.mu held. writer is the
+// allocator whose write st follows, nil after a step.
+func (m *mmMachine) checkState(st *mmState, where string, writer *mmAlloc) []mmViolation {
 	var out []mmViolation
 	holders := st.holders()
 	for _, p := range slices.Sorted(maps.Keys(holders)) {
-		// A record of a claim moved to another pool may still name a pod
-		// of its old pool that was deleted and recreated under that name:
-		// the name no longer denotes the pod the record got, and the old
-		// pool, which cannot list the moved claim, may hand the new pod
-		// out before the claim's new pool drops the name (a documented
-		// limit, README "Many allocators").
+		// A record may still name a pod that was deleted and recreated
+		// under that name: the name no longer denotes the pod the record
+		// got (a pod is its name and UID). An allocator that does not
+		// see the record naming it may hand the new pod out before the
+		// name is dropped from the record: the old pool of a claim moved
+		// to another pool, which cannot list the claim, or an allocator
+		// whose claim listing lags behind the record (a documented
+		// limit, README "Many allocators"). An allocator whose listing
+		// shows the record naming the pod must not.
 		cs := slices.DeleteFunc(slices.Clone(holders[p]), func(c *mmClaim) bool {
-			return m.exemptRecreate[mmPair{c.uid, p}] && c.pool != m.podPool[p]
+			pair := mmPair{c.uid, p}
+			if !m.exemptRecreate[pair] {
+				return false
+			}
+			if c.pool != m.podPool[p] || m.exemptStale[pair] {
+				return true
+			}
+			if len(holders[p]) > 1 && writer != nil && !m.listing[writer].names(c.uid, p) {
+				m.exemptStale[pair] = true
+				return true
+			}
+			return false
 		})
 		if len(cs) > 1 {
 			names := make([]string, len(cs))
@@ -661,7 +692,7 @@ func (m *mmMachine) checkState(st *mmState, where string) []mmViolation {
 				out = append(out, mmViolation{"I11: a record holds a pod whose mark names another claim or none",
 					fmt.Sprintf("I11 %s: the record of %s holds pod %s, whose mark is %q", where, c.name, p, pod.mark)})
 			}
-			if d, ok := m.dirty[pod.uid]; ok && d.claim != c.uid {
+			if d, ok := m.dirty[pod.uid]; ok && d.claim != c.uid && !m.exemptRecreate[mmPair{c.uid, p}] {
 				out = append(out, mmViolation{"I13: an uncertain pod went to another claim unrecycled",
 					fmt.Sprintf("I13 %s: the record of %s holds pod %s, whose holder was uncertain (%s) and which was not recycled since", where, c.name, p, d.why)})
 			}
@@ -676,6 +707,7 @@ func (m *mmMachine) observe(st *mmState) {
 	for pair := range m.exemptRecreate {
 		if c := st.byUID[pair.claim]; c == nil || !slices.Contains(c.held, pair.pod) {
 			delete(m.exemptRecreate, pair)
+			delete(m.exemptStale, pair)
 		}
 	}
 	for pair := range m.exemptPremark {
@@ -781,7 +813,7 @@ func (m *mmMachine) check(t *rapid.T) {
 	m.must(err, "read state")
 	m.mu.Lock()
 	m.snapshot(st)
-	vs := m.checkState(st, "after the step")
+	vs := m.checkState(st, "after the step", nil)
 	m.observe(st)
 	m.mu.Unlock()
 	m.stats.checks.Add(1)
@@ -960,7 +992,7 @@ func (m *mmMachine) afterWrite(al *mmAlloc, obj client.Object, verb string) {
 	m.stats.checks.Add(1)
 	m.snapshot(st)
 	where := fmt.Sprintf("right after a%d's %s of %s", al.id, verb, what)
-	m.violations = append(m.violations, m.checkState(st, where)...)
+	m.violations = append(m.violations, m.checkState(st, where, al)...)
 	m.violations = append(m.violations, m.checkDrops(old, st, where)...)
 }
 
@@ -1026,7 +1058,7 @@ func (m *mmMachine) afterRecycleDelete(al *mmAlloc, name string) {
 		return
 	}
 	m.snapshot(st)
-	m.violations = append(m.violations, m.checkState(st, fmt.Sprintf("right after a%d's recycler deleted %s", al.id, name))...)
+	m.violations = append(m.violations, m.checkState(st, fmt.Sprintf("right after a%d's recycler deleted %s", al.id, name), al)...)
 }
 
 // ---- listings and rounds ----
@@ -1038,6 +1070,20 @@ type mmListing struct {
 	claims       []testenv.Claim
 	unstructured bool
 	what         string
+}
+
+// names reports whether the listing shows claim uid's record holding pod.
+func (l *mmListing) names(uid types.UID, pod string) bool {
+	if l == nil {
+		return false
+	}
+	for i := range l.claims {
+		if c := &l.claims[i]; c.UID == uid {
+			held, _, _, err := mmDecode(c)
+			return err == nil && slices.Contains(held, pod)
+		}
+	}
+	return false
 }
 
 func filterPool(pool string, pods []corev1.Pod, claims []testenv.Claim) ([]corev1.Pod, []testenv.Claim) {
@@ -1150,6 +1196,14 @@ func (m *mmMachine) run(r *mmRound) *mmSeen {
 		}
 	}()
 	pool := types.NamespacedName{Namespace: m.w.ns, Name: r.l.pool}
+	m.mu.Lock()
+	m.listing[r.al] = &r.l
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.listing, r.al)
+		m.mu.Unlock()
+	}()
 	seen := &mmSeen{pods: make(map[string]string), claims: make(map[types.UID]string)}
 	claims := make([]allocator.Claim, len(r.l.claims))
 	for i := range r.l.claims {
@@ -1204,6 +1258,12 @@ func (m *mmMachine) logRound(r *mmRound) {
 	}
 	m.logf("a%d %s %s (%s): allocated %v released %v recycling %v lost %d shortfall %d err %v",
 		r.al.id, verb, r.l.pool, r.l.what, grants(r.res.Allocated), grants(r.res.Released), r.res.Recycling, len(r.res.Lost), r.res.Shortfall, r.err)
+	if mmDumpFile != "" {
+		// What the instance believes after the round, in the dump only.
+		m.histMu.Lock()
+		m.hist.WriteString(allocator.DumpState(r.al.a, types.NamespacedName{Namespace: m.w.ns, Name: r.l.pool}))
+		m.histMu.Unlock()
+	}
 }
 
 func grants(gs []algorithm.Grant) string {
@@ -1805,6 +1865,15 @@ func (m *mmMachine) moveClaim(t *rapid.T) {
 	}
 	cl.Spec.PoolRef = to
 	m.must(m.w.raw.Update(m.ctx, cl), "move claim")
+	m.mu.Lock()
+	for pair := range m.exemptRecreate {
+		if pair.claim == c.uid {
+			// Moved back later, its record and another claim's may both
+			// name the recreated pod: no allocator ran to tell them apart.
+			m.exemptStale[pair] = true
+		}
+	}
+	m.mu.Unlock()
 	m.stats.moves.Add(1)
 	m.logf("while no allocator runs, claim %s moves to pool %s (held %v)", c.name, to, c.held)
 }
@@ -1864,7 +1933,9 @@ func (m *mmMachine) liveness() {
 		for _, p := range c.held {
 			// A name whose pod is gone is a lost pod, kept as any lost
 			// pod is (WithReplaceLost drops those), whatever its pool.
-			if pool := m.podPool[p]; pool != c.pool && st.pods[p] != nil {
+			// So is a name whose pod was recreated since the record got
+			// it: the record's pod is gone.
+			if pool := m.podPool[p]; pool != c.pool && st.pods[p] != nil && !m.exemptRecreate[mmPair{c.uid, p}] {
 				add("a record holds a pod of another pool", "record of %s (pool %s) still holds pod %s of pool %q", c.name, c.pool, p, pool)
 			}
 		}

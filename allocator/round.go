@@ -53,6 +53,10 @@ type round struct {
 	// find holds names that records list and the listing lacks, to read
 	// live: the pod listing may lag the records.
 	find map[string][]*claimInfo
+	// alive holds held pods the listing lacks that a live read found
+	// still there (WithReplaceLost): the listing lags, and they are
+	// neither replaced nor dropped.
+	alive map[*podInfo]bool
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -172,8 +176,12 @@ func (r *round) run() (Result, error) {
 	if n := len(r.p.dirty); n > r.p.dirtyPeak {
 		r.p.dirtyPeak = n
 	}
+	if len(r.p.tombs) > 0 {
+		r.pruneTombs()
+	}
 	r.resolvePods()
 	r.settleReservations()
+	r.checkLost()
 	act, err := r.plan()
 	if err != nil {
 		r.report()
@@ -475,10 +483,26 @@ func (r *round) observePod(pod *corev1.Pod) {
 	p := r.p
 	pi := p.pods[pod.Name]
 	if pi == nil {
+		if t, ok := p.tombs[pod.Name]; ok {
+			if t.uid == pod.UID && rvNum(pod.ResourceVersion) < t.rv {
+				// A lagging listing shows an older version of a pod that
+				// has left the pool. (The same version may be the pod
+				// itself: its absence may have come from a lagging
+				// listing.)
+				return
+			}
+			delete(p.tombs, pod.Name)
+		}
 		pi = &podInfo{name: pod.Name, uid: pod.UID, freeIdx: -1}
 		p.pods[pod.Name] = pi
 		p.addPod(pi)
 	} else if pi.uid != pod.UID && pod.UID != "" {
+		if next := pi.nextPod(); (next == nil || next.uid != pod.UID) && olderPod(pod, pi) {
+			// A pod that had the name before the one known: every
+			// version of it is older than the pod created after it was
+			// deleted. A lagging listing shows it; what is known stays.
+			return
+		}
 		pi = r.newIncarnation(pi, pod.UID)
 	}
 	p.seePod(pi)
@@ -491,11 +515,20 @@ func (r *round) observePod(pod *corev1.Pod) {
 		// missing until a listing shows it at least as new as known.
 		return
 	}
+	back := !pi.present
 	pi.present = true
 	pi.rv = pod.ResourceVersion
 	if key := r.a.cfg.markKey; key != "" {
-		if mark := pod.Annotations[key]; mark != pi.mark {
-			pi.mark, pi.markOwn, pi.markRV = mark, false, 0
+		if mark := pod.Annotations[key]; mark != pi.mark || back && mark != "" {
+			// A changed mark, or a marked pod listed again after a
+			// listing lacked it (what it means may have changed
+			// meanwhile: its claim may have gone), is looked at once
+			// the claims are in.
+			if mark != pi.mark {
+				pi.mark, pi.markOwn, pi.markRV = mark, false, 0
+			} else {
+				pi.markOwn = false
+			}
 			if mark != "" {
 				pi.markRV = rvNum(pod.ResourceVersion)
 			}
@@ -520,6 +553,15 @@ func (r *round) observePod(pod *corev1.Pod) {
 		pi.place = p.placeOf(node, zone)
 	}
 	p.refreshFree(pi)
+}
+
+// olderPod reports whether pod, listed under pi's name with another UID,
+// is a pod that had the name before pi: resourceVersions order every
+// write, so all versions of a pod deleted before pi was created are older
+// than any version of pi.
+func olderPod(pod *corev1.Pod, pi *podInfo) bool {
+	n := rvNum(pod.ResourceVersion)
+	return n != 0 && n < rvNum(pi.rv)
 }
 
 // newIncarnation handles a pod listed under a known name with another UID:
@@ -926,6 +968,27 @@ func (r *round) reservedFor(ci *claimInfo) int {
 	return n
 }
 
+// pendingStrays counts the entries of ci's record that it does not hold
+// yet but whose pod is marked for it: a pod waiting under its name for an
+// older pod to be settled, say. Like reserved pods they may become ci's,
+// so they count against what it wants beyond what it holds.
+func (r *round) pendingStrays(ci *claimInfo) int {
+	if !r.marks() {
+		return 0
+	}
+	n := 0
+	for _, name := range ci.strays() {
+		pi := r.p.pods[name]
+		if pi != nil && !pi.present {
+			pi = pi.nextPod()
+		}
+		if pi != nil && pi.present && pi.holder != ci && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid {
+			n++
+		}
+	}
+	return n
+}
+
 func (r *round) hasReservations(ci *claimInfo) bool {
 	for _, pi := range r.p.reserved {
 		if pi.reservedBy() == ci {
@@ -1068,11 +1131,14 @@ func (r *round) plan() (algorithm.Action, error) {
 		if ci.terminating {
 			want = 0
 		}
-		// Pods reserved for the claim by a write of unknown outcome may be
-		// its own: they count against what it wants, and the next write
-		// of its record carries them (see commit).
+		keep := len(ci.held) - ci.recycling
+		// Pods reserved for the claim by a write of unknown outcome (or
+		// another allocator's hand-out) may be its own: they count against
+		// what it wants beyond what it holds, and the next write of its
+		// record carries them (see commit). They never make it give up a
+		// pod it holds: the hand-out may never land.
 		// They are not held yet, so they still count in the shortfall.
-		reserved := min(want, r.reservedFor(ci))
+		reserved := min(max(0, want-keep), r.reservedFor(ci)+r.pendingStrays(ci))
 		want -= reserved
 		r.shortfall += reserved
 		if len(ci.held) == 0 {
@@ -1081,11 +1147,10 @@ func (r *round) plan() (algorithm.Action, error) {
 				continue
 			}
 		}
-		keep := len(ci.held) - ci.recycling
 		var lost int
 		if replace {
 			for _, pi := range ci.held {
-				if _, ok := p.lost[pi.name]; ok {
+				if _, ok := p.lost[pi.name]; ok && !r.alive[pi] {
 					lost++
 				}
 			}
@@ -1099,6 +1164,17 @@ func (r *round) plan() (algorithm.Action, error) {
 				release = append(release, pod)
 			}
 		}
+		// A claim holding more than it wants gives back first the pods
+		// that are gone: a strategy choosing among all of them could take
+		// a pod in use instead.
+		for _, pi := range ci.held {
+			if keep-want-len(release) <= 0 {
+				break
+			}
+			if !replace && !pi.present && !pi.recycling && !slices.Contains(release, pi.name) {
+				release = append(release, pi.name)
+			}
+		}
 		if keep == want && len(release) == 0 && lost == 0 {
 			continue
 		}
@@ -1108,7 +1184,7 @@ func (r *round) plan() (algorithm.Action, error) {
 			if pi.recycling {
 				continue
 			}
-			if replace && !pi.present {
+			if replace && r.gone(pi) {
 				continue // dropped from the record by commit
 			}
 			req.Held = append(req.Held, name)
@@ -1150,6 +1226,51 @@ func (r *round) plan() (algorithm.Action, error) {
 	}
 	return act, nil
 }
+
+// checkLost reads live the held pods the listing lacks (WithReplaceLost),
+// before they are replaced and dropped from their claims' records: a
+// lagging listing may lack a pod that is still there, and dropping it
+// would take from its claim a pod it uses. Only a pod found gone (or
+// replaced by a new pod under its name) is dropped; one that cannot be
+// read is kept.
+func (r *round) checkLost() {
+	if !r.a.cfg.replaceLost || len(r.p.lost) == 0 || r.a.cfg.podReader == nil {
+		return
+	}
+	var absent []*podInfo
+	for _, pi := range r.p.lost {
+		if !pi.present {
+			absent = append(absent, pi)
+		}
+	}
+	if len(absent) == 0 {
+		return
+	}
+	slices.SortFunc(absent, func(x, y *podInfo) int { return compareStrings(x.name, y.name) })
+	names := make([]string, len(absent))
+	for i, pi := range absent {
+		names[i] = pi.name
+	}
+	for i, rd := range r.readPods(names) {
+		pi := absent[i]
+		switch {
+		case apierrors.IsNotFound(rd.err), rd.err == nil && pi.uid != "" && rd.pod.UID != pi.uid:
+			// Gone: replaced, and dropped from the record.
+		case rd.err != nil:
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, pi.name, rd.err))
+			fallthrough
+		default:
+			if r.alive == nil {
+				r.alive = make(map[*podInfo]bool)
+			}
+			r.alive[pi] = true
+		}
+	}
+}
+
+// gone reports whether a held pod counts as gone for WithReplaceLost: the
+// listing lacks it and no live read of this round found it.
+func (r *round) gone(pi *podInfo) bool { return !pi.present && !r.alive[pi] }
 
 // checkAction refuses an action that breaks the Algorithm contract, so that
 // a faulty strategy can never hand out a pod that is not free or release a
