@@ -2039,16 +2039,6 @@ func (m *mmMachine) actions() map[string]func(*rapid.T) {
 
 // runMultiProperty runs the machine under rapid.Check and logs the counts.
 func runMultiProperty(t *testing.T, backend mmBackend, minSteps int) {
-	if os.Getenv("POOLALLOC_MULTI") == "" {
-		// Issue 9 is open: on the current allocator this machine still
-		// finds, about once in 150 to 400 histories, a claim losing a pod
-		// it wanted under races on lagging listings (I7), and a pod of
-		// uncertain ownership recycled while its record still listed it
-		// and then reused without a second recycle once the claim went
-		// (I13). It runs when POOLALLOC_MULTI is set, and joins CI once
-		// those are fixed.
-		t.Skip("set POOLALLOC_MULTI=1 to run the many-allocator machine (issue 9, open)")
-	}
 	stats := &mmStats{}
 	start := time.Now()
 	var id atomic.Int64
