@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -379,6 +378,9 @@ type pool struct {
 	tombs map[string]podTomb
 	// places are the pods' podPlaces.
 	places map[podPlace]*podPlace
+	// touch sums what scan reads ahead only to have it in the caches (a
+	// prefetch); it is never read.
+	touch int
 }
 
 // podTomb is the last known version of a pod whose entry was dropped.
@@ -614,16 +616,21 @@ func (p *pool) refreshFree(pi *podInfo) {
 
 // claimInfo is what the pool knows of a claim.
 type claimInfo struct {
-	// The fields a round reads for every claim of a listing come first.
+	// The fields a round reads for every claim of a listing come first,
+	// within one cache line: uid, rv, meta and obj (known), idx, listed.
 
 	uid types.UID
-	// rvs are resourceVersions already processed, newest last. A listed
-	// object with one of them is unchanged or older than obj: its record is
-	// not decoded again.
-	rvs []string
+	// rv is the newest resourceVersion already processed. A listed object
+	// with it, or with an older one, is unchanged or older than obj: its
+	// record is not decoded again (see sawRV).
+	rv string
 	// meta (with the annotation syncer) or obj is the newest version of
-	// the claim known (see obj).
+	// the claim known: from the listing, a write, or a live read. Writes
+	// are based on it. With the annotation syncer obj is nil and meta
+	// keeps what writes need of it (see claimobj.go); object returns it
+	// either way.
 	meta *claimMeta
+	obj  client.Object
 	// idx is the claim's place in pool.claimSeen.
 	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
@@ -635,15 +642,11 @@ type claimInfo struct {
 	// unsettled is set after a write of unknown outcome, until a write of
 	// the claim succeeds: its record may legitimately differ meanwhile.
 	unsettled bool
+
 	// gone is set once a live read found the claim deleted (pod marks).
 	gone     bool
 	priority int32
 
-	// obj is the newest version of the claim known: from the listing, a
-	// write, or a live read. Writes are based on it. With the annotation
-	// syncer it is nil and meta keeps what writes need of it (see
-	// claimobj.go); object returns it either way.
-	obj     client.Object
 	name    types.NamespacedName
 	want    int
 	created time.Time
@@ -683,6 +686,9 @@ type claimMore struct {
 	strays []string
 	// since is when a claim known only from pod marks was first met.
 	since time.Time
+	// oldRVs are resourceVersions processed before rv that are not
+	// numbers (see sawRV), oldest first.
+	oldRVs []string
 }
 
 func (c *claimInfo) release() []string {
@@ -732,7 +738,7 @@ func (c *claimInfo) edit() *claimMore {
 
 func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
-		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() {
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 {
 		c.more = nil
 	}
 }
@@ -773,6 +779,8 @@ func (c *claimInfo) setStrays(names []string) {
 	}
 }
 
+// maxRVs bounds how many resourceVersions that are not numbers a claim
+// remembers.
 const maxRVs = 4
 
 // sawRV reports whether a listed version of the claim with resourceVersion
@@ -781,26 +789,30 @@ const maxRVs = 4
 // practice: when both are numbers, an older one is recognised however many
 // versions ago it was; otherwise only the last few are remembered.
 func (c *claimInfo) sawRV(rv string) bool {
-	if n := len(c.rvs); n > 0 && c.rvs[n-1] == rv || slices.Contains(c.rvs, rv) {
-		return true
+	if rv == c.rv {
+		return rv != ""
 	}
-	if len(c.rvs) == 0 {
+	if c.rv == "" {
 		return false
 	}
-	got, err1 := strconv.ParseUint(rv, 10, 64)
-	newest, err2 := strconv.ParseUint(c.rvs[len(c.rvs)-1], 10, 64)
-	return err1 == nil && err2 == nil && got < newest
+	if got, newest := rvNum(rv), rvNum(c.rv); got != 0 && newest != 0 {
+		return got < newest
+	}
+	return c.more != nil && slices.Contains(c.more.oldRVs, rv)
 }
 
 func (c *claimInfo) addRV(rv string) {
 	if rv == "" || c.sawRV(rv) {
 		return
 	}
-	if len(c.rvs) == maxRVs {
-		copy(c.rvs, c.rvs[1:])
-		c.rvs = c.rvs[:maxRVs-1]
+	if c.rv != "" && (rvNum(c.rv) == 0 || rvNum(rv) == 0) {
+		m := c.edit()
+		if len(m.oldRVs) == maxRVs-1 {
+			m.oldRVs = slices.Delete(m.oldRVs, 0, 1)
+		}
+		m.oldRVs = append(m.oldRVs, c.rv)
 	}
-	c.rvs = append(c.rvs, rv)
+	c.rv = rv
 }
 
 func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }

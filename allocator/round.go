@@ -351,92 +351,154 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 	var changedPods []*corev1.Pod
 	var newPods map[string]struct{}
 	var h hint
-	for i := range pods {
-		pod := &pods[i]
-		if !checked {
-			if err := checkPod(p.name, i, pod); err != nil {
-				return nil, nil, err
+	// Both loops go a chunk at a time: a first pass copies out of each
+	// object what the round reads, in a loop short enough for the cache
+	// misses of many objects to overlap (a listing is larger than the
+	// caches); the second works on the copies.
+	var pheads [scanChunk]podHead
+	for start := 0; start < len(pods); start += scanChunk {
+		chunk := pods[start:min(start+scanChunk, len(pods))]
+		touch := 0
+		for j := range chunk {
+			m := &chunk[j].ObjectMeta
+			pheads[j] = podHead{name: m.Name, ns: m.Namespace, uid: m.UID, rv: m.ResourceVersion}
+			if k := h.next + j; k < len(p.podSeen) {
+				// The entry the hint will look at, read ahead: a prefetch.
+				touch += int(p.podSeen[k].v.idx)
 			}
 		}
-		var pi *podInfo
-		if h.try(len(p.podSeen)) {
-			if next := p.podSeen[h.next].v; !next.waiting && next.name == pod.Name {
-				pi = next // the entry of pods under that name
+		p.touch += touch
+		for j := range chunk {
+			hd := &pheads[j]
+			if !checked && hd.name == "" {
+				return nil, nil, checkPod(p.name, start+j, &chunk[j])
 			}
-			h.count(pi != nil)
-		}
-		if pi == nil {
-			pi = p.pods[pod.Name]
-		}
-		if pi == nil && checked {
-			changedPods = append(changedPods, pod)
-			continue
-		}
-		if pi == nil {
-			if newPods == nil {
-				newPods = make(map[string]struct{})
+			var pi *podInfo
+			var st *stamp[*podInfo]
+			if h.try(len(p.podSeen)) {
+				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name == hd.name {
+					pi, st = s.v, s // the entry of pods under that name
+				}
+				h.count(pi != nil)
 			}
-			if _, dup := newPods[pod.Name]; dup {
-				return nil, nil, errPodTwice(p.name, pod.Name)
+			if pi == nil {
+				if pi = p.pods[hd.name]; pi != nil {
+					st = p.podSeen.at(pi)
+				}
 			}
-			newPods[pod.Name] = struct{}{}
-			changedPods = append(changedPods, pod)
-			continue
-		}
-		if p.podSeenNow(pi) {
-			return nil, nil, errPodTwice(p.name, pod.Name)
-		}
-		p.seePod(pi)
-		h.next = int(pi.idx) + 1
-		if (pi.uid != pod.UID && pod.UID != "") || !pi.unchanged(pod.ResourceVersion) {
-			changedPods = append(changedPods, pod)
+			if pi == nil {
+				if !checked {
+					if hd.ns != p.name.Namespace {
+						return nil, nil, checkPod(p.name, start+j, &chunk[j])
+					}
+					if newPods == nil {
+						newPods = make(map[string]struct{})
+					}
+					if _, dup := newPods[hd.name]; dup {
+						return nil, nil, errPodTwice(p.name, hd.name)
+					}
+					newPods[hd.name] = struct{}{}
+				}
+				changedPods = append(changedPods, &chunk[j])
+				continue
+			}
+			if st.seen == p.gen {
+				return nil, nil, errPodTwice(p.name, hd.name)
+			}
+			st.seen = p.gen
+			h.next = int(pi.idx) + 1
+			if (pi.uid != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
+				// Changed: checked whole. (A version taken in before was
+				// checked then: its namespace cannot have changed.)
+				if !checked && hd.ns != p.name.Namespace {
+					return nil, nil, checkPod(p.name, start+j, &chunk[j])
+				}
+				changedPods = append(changedPods, &chunk[j])
+			}
 		}
 	}
 	var changedClaims []int
 	var newClaims map[types.UID]struct{}
+	var cheads [scanChunk]claimHead
 	h = hint{}
-	for i, c := range claims {
-		if !checked {
-			if err := checkClaim(p.name, i, c); err != nil {
-				return nil, nil, err
+	for start := 0; start < len(claims); start += scanChunk {
+		chunk := claims[start:min(start+scanChunk, len(claims))]
+		touch := 0
+		for j := range chunk {
+			if o := chunk[j].Object; o != nil {
+				cheads[j] = claimHead{ns: o.GetNamespace(), uid: o.GetUID(), rv: o.GetResourceVersion()}
+			}
+			if k := h.next + j; k < len(p.claimSeen) {
+				touch += int(p.claimSeen[k].v.idx)
 			}
 		}
-		uid := c.Object.GetUID()
-		var ci *claimInfo
-		if h.try(len(p.claimSeen)) {
-			if next := p.claimSeen[h.next].v; next.uid == uid {
-				ci = next // the entry of claims under uid
+		p.touch += touch
+		for j := range chunk {
+			i, hd := start+j, &cheads[j]
+			if !checked {
+				if c := chunk[j]; c.Object == nil || hd.uid == "" || c.Want < 0 {
+					return nil, nil, checkClaim(p.name, i, c)
+				}
 			}
-			h.count(ci != nil)
-		}
-		if ci == nil {
-			ci = p.claims[uid]
-		}
-		if ci == nil && checked {
-			changedClaims = append(changedClaims, i)
-			continue
-		}
-		if ci == nil {
-			if newClaims == nil {
-				newClaims = make(map[types.UID]struct{})
+			var ci *claimInfo
+			var st *stamp[*claimInfo]
+			if h.try(len(p.claimSeen)) {
+				if s := &p.claimSeen[h.next]; s.v.uid == hd.uid {
+					ci, st = s.v, s // the entry of claims under uid
+				}
+				h.count(ci != nil)
 			}
-			if _, dup := newClaims[uid]; dup {
-				return nil, nil, errClaimTwice(p.name, c.Object)
+			if ci == nil {
+				if ci = p.claims[hd.uid]; ci != nil {
+					st = p.claimSeen.at(ci)
+				}
 			}
-			newClaims[uid] = struct{}{}
-			changedClaims = append(changedClaims, i)
-			continue
-		}
-		if p.claimSeenNow(ci) {
-			return nil, nil, errClaimTwice(p.name, c.Object)
-		}
-		p.seeClaim(ci)
-		h.next = int(ci.idx) + 1
-		if rv := c.Object.GetResourceVersion(); rv == "" || !ci.sawRV(rv) || !ci.known() || !ci.listed {
-			changedClaims = append(changedClaims, i)
+			if ci == nil {
+				if !checked {
+					if hd.ns != p.name.Namespace {
+						return nil, nil, checkClaim(p.name, i, chunk[j])
+					}
+					if newClaims == nil {
+						newClaims = make(map[types.UID]struct{})
+					}
+					if _, dup := newClaims[hd.uid]; dup {
+						return nil, nil, errClaimTwice(p.name, chunk[j].Object)
+					}
+					newClaims[hd.uid] = struct{}{}
+				}
+				changedClaims = append(changedClaims, i)
+				continue
+			}
+			if st.seen == p.gen {
+				return nil, nil, errClaimTwice(p.name, chunk[j].Object)
+			}
+			st.seen = p.gen
+			h.next = int(ci.idx) + 1
+			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed {
+				if !checked && hd.ns != p.name.Namespace {
+					return nil, nil, checkClaim(p.name, i, chunk[j])
+				}
+				changedClaims = append(changedClaims, i)
+			}
 		}
 	}
 	return changedPods, changedClaims, nil
+}
+
+// scanChunk is how many pods or claims scan reads ahead at a time.
+const scanChunk = 64
+
+// podHead and claimHead are what scan reads of a listed pod or claim.
+type podHead struct {
+	name, ns string
+	uid      types.UID
+	rv       string
+}
+
+type claimHead struct {
+	ns  string
+	uid types.UID
+	rv  string
 }
 
 // maxHintMisses bounds how many more misses than hits a hint may have in a
