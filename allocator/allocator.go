@@ -234,7 +234,7 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for _, c := range p.claims {
-			if len(c.held) > 0 {
+			if p.nHeld(c) > 0 {
 				a.setHolds(c.uid, &p.name, false)
 			}
 		}
@@ -305,6 +305,8 @@ func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedNam
 // pool and guards every field.
 type pool struct {
 	name types.NamespacedName
+	// store is the index of holdings, the allocator's (see holderOf).
+	store store.AllocationStore
 
 	mu sync.Mutex
 	// recovered is set once the pool's allocations were rebuilt from the
@@ -381,6 +383,80 @@ type pool struct {
 	// touch sums what scan reads ahead only to have it in the caches (a
 	// prefetch); it is never read.
 	touch int
+	// storeErr is the first error the store returned on a read since the
+	// last round reported it.
+	storeErr error
+}
+
+// unknownHolder stands for the holder of a pod when the store could not
+// say, or names a claim the pool does not know: the pod is held, by no
+// claim the pool can act for.
+var unknownHolder = &claimInfo{}
+
+// holderOf returns the claim holding pi, as the store says: nil when none
+// does. Only a pod's entry is ever held, not a newer pod waiting under its
+// name.
+func (p *pool) holderOf(pi *podInfo) *claimInfo {
+	if pi == nil || pi.waiting {
+		return nil
+	}
+	h, ok, err := p.store.HolderOf(p.name, pi.name)
+	switch {
+	case err != nil:
+		p.noteStoreErr(err)
+		return unknownHolder
+	case !ok:
+		return nil
+	}
+	if ci := p.claims[h.UID]; ci != nil {
+		return ci
+	}
+	p.noteStoreErr(fmt.Errorf("store: pod %s is held by %s, which the pool does not know", pi.name, h))
+	return unknownHolder
+}
+
+// held returns the pods ci holds, by name, as the store says.
+func (p *pool) held(ci *claimInfo) []*podInfo {
+	names, err := p.store.Held(p.name, ci.uid)
+	if err != nil {
+		p.noteStoreErr(err)
+		return nil
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	out := make([]*podInfo, 0, len(names))
+	for _, name := range names {
+		if pi := p.pods[name]; pi != nil {
+			out = append(out, pi)
+		} else {
+			p.noteStoreErr(fmt.Errorf("store: claim %s holds pod %s, which the pool does not know", ci.name, name))
+		}
+	}
+	return out
+}
+
+// nHeld returns how many pods ci holds, as the store says.
+func (p *pool) nHeld(ci *claimInfo) int {
+	n, err := p.store.Count(p.name, ci.uid)
+	if err != nil {
+		p.noteStoreErr(err)
+		return 0
+	}
+	return n
+}
+
+func (p *pool) noteStoreErr(err error) {
+	if p.storeErr == nil {
+		p.storeErr = fmt.Errorf("pool %s: %w: %w", p.name, ErrStore, err)
+	}
+}
+
+// takeStoreErr returns the store error noted since it was last taken.
+func (p *pool) takeStoreErr() error {
+	err := p.storeErr
+	p.storeErr = nil
+	return err
 }
 
 // podTomb is the last known version of a pod whose entry was dropped.
@@ -403,6 +479,7 @@ func (p *pool) claimSeenNow(ci *claimInfo) bool { return p.claimSeen.seenIn(ci, 
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{
 		name:      name,
+		store:     a.cfg.store,
 		anyProto:  a.proto,
 		pods:      make(map[string]*podInfo),
 		claims:    make(map[types.UID]*claimInfo),
@@ -450,10 +527,8 @@ type podInfo struct {
 	// its value: the pod's resourceVersion when the allocator first saw
 	// the value, or its own write of it. 0 when unknown or unmarked.
 	markRV uint64
-	// holder is the claim holding the pod, nil when free; heldIdx is the
-	// pod's place in holder.held.
-	holder  *claimInfo
-	heldIdx int32
+	// Which claim holds the pod is the store's to say (pool.holderOf).
+
 	// strays counts the claims whose record lists the pod as held although
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
@@ -574,23 +649,24 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 }
 
 func (p *pool) candidate(pi *podInfo) bool {
-	return pi.present && pi.ready && pi.holder == nil && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settleFor == nil && pi.strays == 0 && p.pods[pi.name] == pi
+	return pi.present && pi.ready && !pi.recycling && pi.reservedBy() == nil &&
+		pi.mark == "" && pi.settleFor == nil && pi.strays == 0 && p.pods[pi.name] == pi && p.holderOf(pi) == nil
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
 // in or out of the lost set. A held pod that becomes lost or found makes its
 // claim dirty.
 func (p *pool) refreshFree(pi *podInfo) {
-	isLost := pi.holder != nil && !pi.recycling && (!pi.present || !pi.ready)
+	holder := p.holderOf(pi)
+	isLost := holder != nil && !pi.recycling && (!pi.present || !pi.ready)
 	if _, was := p.lost[pi.name]; was != isLost {
 		if isLost {
 			p.lost[pi.name] = pi
 		} else {
 			delete(p.lost, pi.name)
 		}
-		if pi.holder != nil {
-			p.dirty[pi.holder] = struct{}{}
+		if holder != nil && holder != unknownHolder {
+			p.dirty[holder] = struct{}{}
 		}
 	}
 	want := p.candidate(pi)
@@ -651,10 +727,9 @@ type claimInfo struct {
 	want    int
 	created time.Time
 
-	// held are the pods the claim holds in this pool, in no order: a
-	// mirror of the store. Each knows its place (podInfo.heldIdx); see
-	// pool.heldPod to find one by name.
-	held []*podInfo
+	// The pods the claim holds are the store's to say (pool.held,
+	// pool.nHeld, pool.heldPod).
+
 	// recycling counts the held pods being recycled.
 	recycling int
 

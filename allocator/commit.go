@@ -94,7 +94,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	}
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
-			for _, pi := range ci.held {
+			for _, pi := range p.held(ci) {
 				if r.gone(pi) && !pi.recycling {
 					get(ci).drop = append(get(ci).drop, pi.name)
 				}
@@ -105,7 +105,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 		// A terminating claim that holds nothing but still carries the
 		// finalizer (a removal that failed, or a restart) gets it removed.
-		if ci.listed && ci.terminating && len(ci.held) == 0 && r.hasFinalizer(ci) {
+		if ci.listed && ci.terminating && p.nHeld(ci) == 0 && r.hasFinalizer(ci) {
 			get(ci)
 		}
 	}
@@ -121,7 +121,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	// replaces lists and that is marked for the claim, reserved ones too.
 	frozen := make(map[*claimInfo]bool)
 	for ci, pods := range r.reservationsByClaim() {
-		room := max(0, ci.want-(len(ci.held)-ci.recycling))
+		room := max(0, ci.want-(p.nHeld(ci)-ci.recycling))
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
@@ -195,7 +195,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 	for _, p := range slices.Concat(w.done, w.drop) {
 		gone[p] = struct{}{}
 	}
-	allocated := make([]string, 0, len(ci.held)+len(w.add))
+	allocated := make([]string, 0, r.p.nHeld(ci)+len(w.add))
 	if r.marks() {
 		// Only pods the version replaced lists, and that are marked for
 		// the claim, are kept: nothing is re-added from memory.
@@ -213,7 +213,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					continue
 				}
 				mine := pi != nil && pi.markUID(r.p.name) == ci.uid
-				if pi != nil && pi.mark == "" && pi.holder == ci && r.p.tomark[name] == ci.uid {
+				if pi != nil && pi.mark == "" && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid {
 					// Listed without a mark (a record from before pod
 					// marks) and held until it is marked and recycled:
 					// dropping it would free a pod of uncertain use.
@@ -229,7 +229,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 			}
 		}
 	} else {
-		for _, pi := range ci.held {
+		for _, pi := range r.p.held(ci) {
 			if _, ok := gone[pi.name]; !ok {
 				allocated = append(allocated, pi.name)
 			}
@@ -352,7 +352,7 @@ func (r *round) do(w *write) {
 // decides.
 func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
 	pi := p.pods[name]
-	if pi != nil && !pi.present && pi.holder != ci {
+	if pi != nil && !pi.present && p.holderOf(pi) != ci {
 		if next := pi.nextPod(); next != nil && next.present {
 			return next
 		}
@@ -476,7 +476,7 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range w.done {
-				r.unhold(ci, name, fenceGone)
+				r.unhold(ci, p.pods[name], fenceGone)
 			}
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
 		}
@@ -533,7 +533,7 @@ func (r *round) apply(w *write) {
 						continue
 					}
 					// Kept by a live read of its mark (staleMarks): held.
-					if pi := p.pods[name]; pi != nil && pi.present && pi.holder == nil && pi.reservedBy() == nil && pi.settleFor == nil {
+					if pi := p.pods[name]; pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settleFor == nil {
 						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid {
 							pi.mark, pi.markOwn, pi.markRV = w.marks[name], false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {
@@ -568,7 +568,7 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range free {
-				r.unhold(ci, name, fence)
+				r.unhold(ci, p.pods[name], fence)
 			}
 		}
 		if len(w.done) > 0 {
@@ -592,7 +592,7 @@ func (r *round) apply(w *write) {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
 			}
 		}
-		r.a.setHolds(ci.uid, &p.name, len(ci.held) > 0)
+		r.a.setHolds(ci.uid, &p.name, p.nHeld(ci) > 0)
 		ci.setUntrusted(nil)
 		ci.rewrite = false
 		if w.obj != nil {
@@ -618,7 +618,10 @@ func (r *round) report() {
 	}
 	slices.Sort(res.Recycling)
 	for name, pi := range p.lost {
-		ci := pi.holder
+		ci := p.holderOf(pi)
+		if ci == nil || ci == unknownHolder {
+			continue
+		}
 		res.Lost = append(res.Lost, LostPod{Claim: ci.name, UID: ci.uid, Pod: name, Missing: !pi.present})
 	}
 	slices.SortFunc(res.Lost, func(x, y LostPod) int { return strings.Compare(x.Pod, y.Pod) })

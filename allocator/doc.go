@@ -7,7 +7,9 @@
 // syncer.AllocationSyncer that reads and writes claims' records (default:
 // annotations under syncer.DefaultKeys, or WithKeys(syncer.OpenSandboxKeys())
 // to read and write what OpenSandbox's controller does), and a
-// store.AllocationStore that indexes pool → pod → claim in memory.
+// store.AllocationStore that indexes pool → pod → claim in memory. The
+// store is the allocator's one index of holdings: it reads who holds what
+// from it and keeps no copy of its own, so WithStore swaps the index.
 //
 // # A round
 //
@@ -106,6 +108,8 @@
 //     not handed to it and the record is written again.
 //   - ErrInvalidRelease: a claim's release list cannot be read; it is
 //     ignored for that claim alone and the pool goes on.
+//   - ErrStore: the store could not say who holds what; nothing was
+//     committed, and the next round tries again.
 //
 // A Round that returns an error still returns a valid Result; run another
 // round later.

@@ -45,6 +45,10 @@ var (
 	// give pods back) cannot be read. It is taken as empty for that claim
 	// alone; the claim keeps its pods and the pool goes on.
 	ErrInvalidRelease = errors.New("release request unreadable")
+	// ErrStore: the store (WithStore), the index of holdings, failed to
+	// answer. A pod whose holder it cannot tell counts as held: nothing is
+	// handed out or released on a guess, and the next round tries again.
+	ErrStore = errors.New("store failed")
 )
 
 // ClaimError is an error about one claim. It matches the sentinel in Err.

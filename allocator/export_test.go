@@ -28,8 +28,8 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	for _, name := range slices.Sorted(maps.Keys(p.pods)) {
 		pi := p.pods[name]
 		fmt.Fprintf(&b, "      pod %s %s@%s present=%v ready=%v mark=%q markRV=%d own=%v", name, pi.uid, pi.rv, pi.present, pi.ready, pi.mark, pi.markRV, pi.markOwn)
-		if pi.holder != nil {
-			fmt.Fprintf(&b, " held-by=%s", pi.holder.name.Name)
+		if h := p.holderOf(pi); h != nil {
+			fmt.Fprintf(&b, " held-by=%s", h.name.Name)
 		}
 		if ci := pi.reservedBy(); ci != nil {
 			fmt.Fprintf(&b, " reserved-for=%s", ci.name.Name)
@@ -49,7 +49,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	slices.SortFunc(cis, compareNames)
 	for _, ci := range cis {
 		var held []string
-		for _, pi := range ci.held {
+		for _, pi := range p.held(ci) {
 			held = append(held, pi.name)
 		}
 		fmt.Fprintf(&b, "      claim %s listed=%v gone=%v want=%d recRV=%d held=%v strays=%v released=%v recycling=%d\n",

@@ -103,9 +103,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 	ci.recRV = rv
 	ci.setReleased(rec.Released)
 	held := rec.Held()
-	// Backwards: toSettle takes pi out of ci.held, and only pi.
-	for i := len(ci.held) - 1; i >= 0; i-- {
-		pi := ci.held[i]
+	for _, pi := range r.p.held(ci) {
 		if slices.Contains(held, pi.name) {
 			continue
 		}
@@ -171,11 +169,11 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 	switch h := pi.markUID(p.name); {
 	case h == ci.uid:
 		switch {
-		case pi.holder == ci:
+		case p.holderOf(pi) == ci:
 			return true
 		case pi.reservedBy() == ci:
 			r.unreserve(ci, []*podInfo{pi}, true)
-			return pi.holder == ci
+			return p.holderOf(pi) == ci
 		case pi.settleFor == ci:
 			// Handed to it again after all (another allocator completed the
 			// hand-out, or a lagging listing made an old mark look like a
@@ -186,12 +184,12 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 			// a pod it wants.
 			r.endSettle(pi)
 			return r.allocate(ci, name)
-		case pi.holder == nil && pi.reservedBy() == nil && pi.settleFor == nil:
+		case p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settleFor == nil:
 			return r.allocate(ci, name)
 		}
 		return false
 	case h != "":
-		if pi.holder == ci {
+		if p.holderOf(pi) == ci {
 			r.drop(ci, pi)
 		}
 		if !verified && rvNum(pi.rv) < ci.recRV {
@@ -199,8 +197,8 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		}
 		return false
 	default:
-		if pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
-			return pi.holder == ci
+		if holder := p.holderOf(pi); holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
+			return holder == ci
 		}
 		if !verified && rvNum(pi.rv) < ci.recRV {
 			r.verifyLater(pi, ci)
@@ -252,8 +250,8 @@ func (r *round) drop(ci *claimInfo, pi *podInfo) {
 		r.errs = append(r.errs, r.claimErr(ci, err))
 		return
 	}
-	r.unhold(ci, pi.name, 0)
-	r.a.setHolds(ci.uid, &r.p.name, len(ci.held) > 0)
+	r.unhold(ci, pi, 0)
+	r.a.setHolds(ci.uid, &r.p.name, r.p.nHeld(ci) > 0)
 	r.p.dirty[ci] = struct{}{}
 }
 
@@ -269,7 +267,7 @@ func (r *round) toSettle(ci *claimInfo, pi *podInfo) {
 	}
 	pi.settleFor = ci // keeps the entry while it is dropped
 	r.drop(ci, pi)
-	if pi.holder != nil {
+	if r.p.holderOf(pi) != nil {
 		pi.settleFor = nil
 		return
 	}
@@ -345,7 +343,7 @@ func (r *round) maybeForget(pi *podInfo) {
 	if p.pods[pi.name] != pi {
 		return
 	}
-	if pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.strays > 0 {
+	if pi.present || pi.reservedBy() != nil || pi.settleFor != nil || pi.strays > 0 || p.holderOf(pi) != nil {
 		p.refreshFree(pi)
 		return
 	}
@@ -493,7 +491,7 @@ func (r *round) findPods() {
 				continue
 			}
 			pi := r.p.pods[name]
-			if pi != nil && (pi.present || pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != pod.UID) {
+			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != pod.UID) {
 				continue // known here otherwise: left to the listing
 			}
 			pi = r.p.podOrNew(name)
@@ -538,7 +536,7 @@ func (r *round) resolveMark(pi *podInfo) {
 			p.dirty[ci] = struct{}{}
 			p.refreshFree(pi)
 		}
-		if ci := pi.holder; ci != nil && p.tomark[pi.name] != ci.uid {
+		if ci := p.holderOf(pi); ci != nil && ci != unknownHolder && p.tomark[pi.name] != ci.uid {
 			// Another allocator may have settled the pod: recorded it
 			// released in a record newer than the one known here, then
 			// unmarked it. The claim is read live before anything is
@@ -552,8 +550,8 @@ func (r *round) resolveMark(pi *podInfo) {
 	if !ok {
 		return // not a mark of ours: the pod stays out of the pool
 	}
-	if ci := pi.holder; ci != nil {
-		if ci.uid == h.UID {
+	if ci := p.holderOf(pi); ci != nil {
+		if ci.uid == h.UID || ci == unknownHolder {
 			return
 		}
 		// Marked for another claim: what we believed of ci is stale. Its

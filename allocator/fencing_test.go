@@ -1149,11 +1149,8 @@ func snapshotNames(t *testing.T, r interface {
 // given with WithStore is what the allocator reads and writes.
 func TestFencingStoreIsTheIndex(t *testing.T) {
 	t.Run("Store-is-read-only", func(t *testing.T) {
-		// TODO(issue 9): once Allocator.Store returns store.Reader, this
-		// reflection stands for the compile-time check
-		//	var _ store.Reader = allocator.Allocator(nil).Store()
-		// and may be replaced by it; it is written so that it compiles
-		// against both today's API and the planned one.
+		// Allocator.Store returns store.Reader; this checks that the type
+		// it returns has no writer half, whatever it is declared as.
 		m, ok := reflect.TypeFor[allocator.Allocator]().MethodByName("Store")
 		require.True(t, ok)
 		ret := m.Type.Out(0)

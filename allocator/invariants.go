@@ -51,23 +51,20 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	held := 0
 	strays := make(map[string]int)
 	for _, ci := range p.claims {
-		n, err := a.cfg.store.Count(p.name, ci.uid)
+		names, err := a.cfg.store.Held(p.name, ci.uid)
 		if err != nil {
-			bad("store: count of claim %s: %v", ci.name, err)
-		} else if n != len(ci.held) {
-			bad("claim %s holds %d pods, the store says %d", ci.name, len(ci.held), n)
+			bad("store: held of claim %s: %v", ci.name, err)
+		}
+		if n, err := a.cfg.store.Count(p.name, ci.uid); err != nil || n != len(names) {
+			bad("store: claim %s holds %d pods, Count says %d (%v)", ci.name, len(names), n, err)
 		}
 		recycling := 0
-		for i, pi := range ci.held {
+		for _, name := range names {
 			held++
-			if pi.holder != ci {
-				bad("pod %s is in claim %s's holdings, its holder is %v", pi.name, ci.name, pi.holder)
-			}
-			if int(pi.heldIdx) != i {
-				bad("pod %s is held[%d] of claim %s, its index says %d", pi.name, i, ci.name, pi.heldIdx)
-			}
-			if p.pods[pi.name] != pi {
-				bad("pod %s held by claim %s is not the pool's entry", pi.name, ci.name)
+			pi := p.pods[name]
+			if pi == nil {
+				bad("pod %s held by claim %s in the store has no entry", name, ci.name)
+				continue
 			}
 			if pi.recycling {
 				recycling++
@@ -95,6 +92,11 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	} else if len(snap) != held {
 		bad("the pool's claims hold %d pods, the store %d", held, len(snap))
 	}
+	for name, h := range snap {
+		if p.claims[h.UID] == nil {
+			bad("pod %s is held by %s in the store, a claim the pool does not know", name, h)
+		}
+	}
 	for name, pi := range p.pods {
 		if pi.name != name {
 			bad("entry %s is for pod %s", name, pi.name)
@@ -103,16 +105,9 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("pod %s: in the free list %t, candidate %t", name, pi.freeIdx >= 0, p.candidate(pi))
 		}
 		roles := 0
-		if pi.holder != nil {
+		_, isHeld := snap[name]
+		if isHeld {
 			roles++
-			if h := pi.holder; int(pi.heldIdx) >= len(h.held) || h.held[pi.heldIdx] != pi {
-				bad("pod %s names holder %s, which does not hold it", name, pi.holder.name)
-			}
-			if h, ok := snap[name]; !ok || h.UID != pi.holder.uid {
-				bad("pod %s is held by %s, the store says %v (held %t)", name, pi.holder.name, h, ok)
-			}
-		} else if h, ok := snap[name]; ok {
-			bad("pod %s is free, the store says %s holds it", name, h)
 		}
 		if pi.reservedBy() != nil {
 			roles++
@@ -127,15 +122,15 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			}
 		}
 		if roles > 1 {
-			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, pi.holder != nil, pi.reservedBy() != nil, pi.settleFor != nil)
+			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, isHeld, pi.reservedBy() != nil, pi.settleFor != nil)
 		}
 		if pi.recycling != (p.recycling[name] == pi) {
 			bad("pod %s: recycling %t, in the recycling set %t", name, pi.recycling, p.recycling[name] == pi)
 		}
-		if pi.recycling && pi.holder == nil {
+		if pi.recycling && !isHeld {
 			bad("pod %s is recycling and held by no claim", name)
 		}
-		lost := pi.holder != nil && !pi.recycling && (!pi.present || !pi.ready)
+		lost := isHeld && !pi.recycling && (!pi.present || !pi.ready)
 		if _, in := p.lost[name]; in != lost {
 			bad("pod %s: lost %t, in the lost set %t", name, lost, in)
 		}

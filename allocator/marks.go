@@ -83,11 +83,12 @@ func (r *round) markHeld() {
 	var jobs []*markJob
 	for name, uid := range r.p.tomark {
 		pi := r.p.pods[name]
-		if pi == nil || !pi.present || pi.holder == nil || pi.holder.uid != uid || pi.mark != "" {
+		holder := r.p.holderOf(pi)
+		if pi == nil || !pi.present || holder == nil || holder.uid != uid || pi.mark != "" {
 			delete(r.p.tomark, name)
 			continue
 		}
-		jobs = append(jobs, &markJob{ci: pi.holder, pi: pi, value: markValue(pi.holder.holder())})
+		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: markValue(holder.holder())})
 	}
 	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name, y.pi.name) })
 	r.parallel(len(jobs), func(i int) {
@@ -180,7 +181,7 @@ func (r *round) unmarkPods() {
 	for name, e := range r.p.unmark {
 		pi := r.p.pods[name]
 		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != e.uid ||
-			pi.holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
+			r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settleFor != nil {
 			delete(r.p.unmark, name)
 			if pi != nil {
 				r.p.refreshFree(pi)

@@ -25,6 +25,7 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/store"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -1051,4 +1052,68 @@ func TestRegressionNoMarksConflictAfterLandedRelease(t *testing.T) {
 		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), &now))
 		require.NotContains(t, now.Finalizers, syncer.DefaultKeys().Finalizer)
 	}
+}
+
+// failingReads is a store whose reads fail while fail is set.
+type failingReads struct {
+	store.AllocationStore
+	fail atomic.Bool
+}
+
+var errStoreDown = errors.New("injected: store unavailable")
+
+func (s *failingReads) HolderOf(pool types.NamespacedName, pod string) (store.Holder, bool, error) {
+	if s.fail.Load() {
+		return store.Holder{}, false, errStoreDown
+	}
+	return s.AllocationStore.HolderOf(pool, pod)
+}
+
+func (s *failingReads) Held(pool types.NamespacedName, uid types.UID) ([]string, error) {
+	if s.fail.Load() {
+		return nil, errStoreDown
+	}
+	return s.AllocationStore.Held(pool, uid)
+}
+
+func (s *failingReads) Count(pool types.NamespacedName, uid types.UID) (int, error) {
+	if s.fail.Load() {
+		return 0, errStoreDown
+	}
+	return s.AllocationStore.Count(pool, uid)
+}
+
+// The store given with WithStore is the allocator's one index of holdings:
+// it reads who holds what from it, not from a copy of its own. While the
+// store cannot answer, no pod counts as free: nothing is handed out, the
+// round says why, and once the store answers again the claim is served.
+func TestStoreIsTheIndexOfHoldings(t *testing.T) {
+	ctx := context.Background()
+	c, pool, _ := regressionPool(t, 3, 1)
+	st := &failingReads{AllocationStore: store.NewInMemory()}
+	a, err := allocator.New(c, allocator.WithStore(st))
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	held := recordOn(t, c, "c").Held()
+	require.Len(t, held, 1)
+
+	d := testenv.NewClaim("ns", "d", "p", 1)
+	d.UID = "uid-d"
+	require.NoError(t, c.Create(ctx, d))
+	st.fail.Store(true)
+	res, err := world.Round(ctx, a, c, pool)
+	require.ErrorIs(t, err, errStoreDown)
+	require.Empty(t, res.Allocated, "no pod is free while the store cannot say who holds it")
+	require.Empty(t, recordOn(t, c, "d").Held())
+	require.Equal(t, held, recordOn(t, c, "c").Held())
+
+	st.fail.Store(false)
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	got := recordOn(t, c, "d").Held()
+	require.Len(t, got, 1)
+	require.NotEqual(t, held[0], got[0])
+	require.NoError(t, allocator.CheckInvariants(a))
 }

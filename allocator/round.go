@@ -187,6 +187,12 @@ func (r *round) run() (Result, error) {
 		r.report()
 		return *r.res, err
 	}
+	if err := r.p.takeStoreErr(); err != nil {
+		// Who holds what was not known for certain while planning: the
+		// plan is not committed.
+		r.report()
+		return *r.res, err
+	}
 	r.queueReleases(act.Release)
 	r.queueOrphans()
 	r.markHeld()
@@ -195,6 +201,9 @@ func (r *round) run() (Result, error) {
 	r.res.Shortfall = act.Shortfall + r.shortfall
 	r.settle()
 	r.report()
+	if err := r.p.takeStoreErr(); err != nil {
+		r.errs = append(r.errs, err)
+	}
 	return *r.res, errors.Join(r.errs...)
 }
 
@@ -204,7 +213,7 @@ func (r *round) settle() {
 	p := r.p
 	for ci := range p.dirty {
 		if !ci.listed {
-			if len(ci.held) == 0 && !r.hasReservations(ci) {
+			if p.nHeld(ci) == 0 && !r.hasReservations(ci) {
 				delete(p.dirty, ci)
 				r.setStrays(ci, nil)
 				if p.claims[ci.uid] == ci {
@@ -239,10 +248,11 @@ func (r *round) settled(ci *claimInfo) bool {
 	if ci.recycling > 0 || ci.rewrite || r.hasReservations(ci) {
 		return false
 	}
+	n := r.p.nHeld(ci)
 	if ci.terminating {
-		return len(ci.held) == 0 && !r.hasFinalizer(ci)
+		return n == 0 && !r.hasFinalizer(ci)
 	}
-	if len(ci.held) != ci.want {
+	if n != ci.want {
 		return false
 	}
 	for _, pod := range ci.release() {
@@ -251,7 +261,7 @@ func (r *round) settled(ci *claimInfo) bool {
 		}
 	}
 	if r.a.cfg.replaceLost {
-		for _, pi := range ci.held {
+		for _, pi := range r.p.held(ci) {
 			if _, lost := r.p.lost[pi.name]; lost {
 				return false
 			}
@@ -637,7 +647,7 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		p.refreshFree(old)
 	}
 	p.seePod(old)
-	if old.holder == nil && old.reservedBy() == nil && old.settleFor == nil {
+	if p.holderOf(old) == nil && old.reservedBy() == nil && old.settleFor == nil {
 		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
@@ -737,7 +747,7 @@ func (r *round) recover(claims []Claim) error {
 		return fmt.Errorf("pool %s: recover: %w", p.name, err)
 	}
 	for _, pi := range p.pods {
-		pi.holder, pi.recycling, pi.recycled = nil, false, false
+		pi.recycling, pi.recycled = false, false
 		pi.reserve(nil, time.Time{})
 		pi.settleFor, pi.strays = nil, 0
 	}
@@ -831,65 +841,35 @@ func (p *pool) podOrNew(name string) *podInfo {
 	return pi
 }
 
-// hold mirrors in memory that ci holds pod; the store already says so.
+// hold brings the pool in line with the store, which now says that ci
+// holds pod: the pod has an entry, out of the free list.
 func (r *round) hold(ci *claimInfo, pod string) {
-	pi := r.p.podOrNew(pod)
-	if pi.holder != ci {
-		if pi.holder != nil {
-			pi.holder.removeHeld(pi)
-		}
-		pi.holder = ci
-		pi.heldIdx = int32(len(ci.held))
-		ci.held = append(ci.held, pi)
-	}
-	r.p.refreshFree(pi)
+	r.p.refreshFree(r.p.podOrNew(pod))
 }
 
 // heldPod returns the pod ci holds under name, nil if it holds none. The
 // pods a claim holds are the entries of pods whose holder it is.
 func (p *pool) heldPod(ci *claimInfo, name string) *podInfo {
-	if pi := p.pods[name]; pi != nil && pi.holder == ci {
+	if pi := p.pods[name]; pi != nil && p.holderOf(pi) == ci {
 		return pi
 	}
 	return nil
 }
 
-// removeHeld takes pi, which c holds, out of c.held.
-func (c *claimInfo) removeHeld(pi *podInfo) {
-	i := pi.heldIdx
-	last := len(c.held) - 1
-	if i < 0 || int(i) > last || c.held[i] != pi {
-		return
-	}
-	c.held[i] = c.held[last]
-	c.held[i].heldIdx = i
-	c.held[last] = nil
-	c.held = c.held[:last]
-	pi.heldIdx = -1
-	if last == 0 {
-		c.held = nil
-	} else if cap(c.held) > 8 && last < cap(c.held)/4 {
-		c.held = slices.Clone(c.held)
-	}
-}
-
-// unhold mirrors in memory that ci no longer holds pod; the store already
-// says so. With pod marks, a fence other than 0 queues the removal of the
-// pod's mark (see unmarkEntry).
-func (r *round) unhold(ci *claimInfo, pod string, fence uint64) {
-	pi := r.p.heldPod(ci, pod)
+// unhold brings the pool in line with the store, which no longer says that
+// ci holds pi (the pool's entry of a pod ci held). With pod marks, a fence
+// other than 0 queues the removal of the pod's mark (see unmarkEntry).
+func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
 	if pi == nil {
 		return
 	}
-	ci.removeHeld(pi)
-	pi.holder = nil
 	if fence != 0 {
 		r.queueUnmark(pi, ci.uid, fence)
 	}
 	if pi.recycling {
 		pi.recycling, pi.recycled = false, false
 		ci.recycling--
-		delete(r.p.recycling, pod)
+		delete(r.p.recycling, pi.name)
 	}
 	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid {
 		// Marked for another claim, whose record may list it: that
@@ -997,7 +977,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 		}
 		extra = append(extra, pod)
 	}
-	missing := len(ci.held) - inRecord
+	missing := r.p.nHeld(ci) - inRecord
 	if len(extra) == 0 && missing == 0 {
 		ci.setUntrusted(nil)
 		return
@@ -1044,7 +1024,7 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 		if pi != nil && !pi.present {
 			pi = pi.nextPod()
 		}
-		if pi != nil && pi.present && pi.holder != ci && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid {
+		if pi != nil && pi.present && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid && r.p.holderOf(pi) != ci {
 			n++
 		}
 	}
@@ -1193,7 +1173,8 @@ func (r *round) plan() (algorithm.Action, error) {
 		if ci.terminating {
 			want = 0
 		}
-		keep := len(ci.held) - ci.recycling
+		n := p.nHeld(ci)
+		keep := n - ci.recycling
 		// Pods reserved for the claim by a write of unknown outcome (or
 		// another allocator's hand-out) may be its own: they count against
 		// what it wants beyond what it holds, and the next write of its
@@ -1203,7 +1184,11 @@ func (r *round) plan() (algorithm.Action, error) {
 		reserved := min(max(0, want-keep), r.reservedFor(ci)+r.pendingStrays(ci))
 		want -= reserved
 		r.shortfall += reserved
-		if len(ci.held) == 0 {
+		var held []*podInfo // fetched from the store when needed
+		if n > 0 && (replace || keep > want) {
+			held = p.held(ci)
+		}
+		if n == 0 {
 			if _, moving := r.a.heldElsewhere(ci.uid, p.name); moving {
 				r.shortfall += want
 				continue
@@ -1211,7 +1196,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		var lost int
 		if replace {
-			for _, pi := range ci.held {
+			for _, pi := range held {
 				if _, ok := p.lost[pi.name]; ok && !r.alive[pi] {
 					lost++
 				}
@@ -1229,7 +1214,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		// A claim holding more than it wants gives back first the pods
 		// that are gone: a strategy choosing among all of them could take
 		// a pod in use instead.
-		for _, pi := range ci.held {
+		for _, pi := range held {
 			if keep-want-len(release) <= 0 {
 				break
 			}
@@ -1240,8 +1225,11 @@ func (r *round) plan() (algorithm.Action, error) {
 		if keep == want && len(release) == 0 && lost == 0 {
 			continue
 		}
+		if held == nil && n > 0 {
+			held = p.held(ci)
+		}
 		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.created}
-		for _, pi := range ci.held {
+		for _, pi := range held {
 			name := pi.name
 			if pi.recycling {
 				continue
@@ -1284,6 +1272,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	if err := r.checkAction(requested, act); err != nil {
+		if serr := p.takeStoreErr(); serr != nil {
+			// Not the strategy's fault: the store could not say.
+			return algorithm.Action{}, serr
+		}
 		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	return act, nil
@@ -1405,7 +1397,7 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 // release the owner asked for).
 func (r *round) queueOrphans() {
 	for ci := range r.p.dirty {
-		if ci.listed || len(ci.held) == 0 {
+		if ci.listed || r.p.nHeld(ci) == 0 {
 			continue
 		}
 		if since := ci.since(); !since.IsZero() && !ci.gone && r.now.Before(since.Add(Quarantine)) {
@@ -1413,7 +1405,7 @@ func (r *round) queueOrphans() {
 				continue
 			}
 		}
-		for _, pi := range ci.held {
+		for _, pi := range r.p.held(ci) {
 			r.startRecycling(ci, pi)
 		}
 	}
@@ -1479,7 +1471,9 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		}
 	}
 	for _, pi := range r.p.recycling {
-		add(pi.holder, pi, false)
+		if ci := r.p.holderOf(pi); ci != nil && ci != unknownHolder {
+			add(ci, pi, false)
+		}
 	}
 	for _, pi := range r.p.settling {
 		add(pi.settleFor, pi, true)
