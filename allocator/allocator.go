@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -366,7 +367,7 @@ type pool struct {
 	// with the claim UID the mark must still name and what justifies it.
 	unmark map[string]unmarkEntry
 	// settling holds the pods being settled for a claim whose record does
-	// not list them (podInfo.settleFor).
+	// not list them (podInfo.settling).
 	settling map[string]*podInfo
 	// tomark holds held pods recovered from records that carry no mark yet.
 	tomark map[string]types.UID
@@ -533,11 +534,6 @@ type podInfo struct {
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
 	strays int32
-	// settleFor is set (pod marks) while the pod is marked for that claim
-	// but its record does not list it as held: whoever marked it, the pod
-	// is recycled for that claim and recorded as released before the mark
-	// is removed (DESIGN I13).
-	settleFor *claimInfo
 	// more is what few pods need, nil when empty: see reservedBy and
 	// nextPod.
 	more *podMore
@@ -556,6 +552,28 @@ type podMore struct {
 	// next is a newer pod under the same name (another UID), waiting for
 	// this one to be released: it takes this entry's place then.
 	next *podInfo
+	// settleFor is set (pod marks) while the pod is marked for that claim
+	// but its record does not list it as held: whoever marked it, the pod
+	// is recycled for that claim and recorded as released before the mark
+	// is removed (DESIGN I13). See podInfo.settling.
+	settleFor *claimInfo
+}
+
+// settling returns the claim pi is being settled for, nil if none.
+func (pi *podInfo) settling() *claimInfo {
+	if pi.more == nil {
+		return nil
+	}
+	return pi.more.settleFor
+}
+
+// setSettle sets the claim pi is being settled for (nil: none).
+func (pi *podInfo) setSettle(ci *claimInfo) {
+	if pi.more == nil && ci == nil {
+		return
+	}
+	pi.edit().settleFor = ci
+	pi.tidy()
 }
 
 func (pi *podInfo) reservedBy() *claimInfo {
@@ -590,7 +608,7 @@ func (pi *podInfo) edit() *podMore {
 }
 
 func (pi *podInfo) tidy() {
-	if m := pi.more; m != nil && len(m.oldRVs) == 0 && m.reservedBy == nil && m.reservedUntil.IsZero() && m.next == nil {
+	if m := pi.more; m != nil && len(m.oldRVs) == 0 && m.reservedBy == nil && m.reservedUntil.IsZero() && m.next == nil && m.settleFor == nil {
 		pi.more = nil
 	}
 }
@@ -650,7 +668,7 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 
 func (p *pool) candidate(pi *podInfo) bool {
 	return pi.present && pi.ready && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settleFor == nil && pi.strays == 0 && p.pods[pi.name] == pi && p.holderOf(pi) == nil
+		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name] == pi && p.holderOf(pi) == nil
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
@@ -700,13 +718,12 @@ type claimInfo struct {
 	// with it, or with an older one, is unchanged or older than obj: its
 	// record is not decoded again (see sawRV).
 	rv string
-	// meta (with the annotation syncer) or obj is the newest version of
-	// the claim known: from the listing, a write, or a live read. Writes
-	// are based on it. With the annotation syncer obj is nil and meta
-	// keeps what writes need of it (see claimobj.go); object returns it
-	// either way.
-	meta *claimMeta
-	obj  client.Object
+	// ver is the newest version of the claim known, nil for a claim known
+	// only from its pods' marks: from the listing, a write, or a live read.
+	// Writes are based on it. With the annotation syncer it is a
+	// *claimMeta, what writes need of the object (see claimobj.go);
+	// otherwise the client.Object itself. object returns it either way.
+	ver any
 	// idx is the claim's place in pool.claimSeen.
 	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
@@ -722,16 +739,14 @@ type claimInfo struct {
 	// gone is set once a live read found the claim deleted (pod marks).
 	gone     bool
 	priority int32
+	want     int32
+	// recycling counts the held pods being recycled. The pods the claim
+	// holds are the store's to say (pool.held, pool.nHeld, pool.heldPod).
+	recycling int32
 
-	name    types.NamespacedName
-	want    int
-	created time.Time
-
-	// The pods the claim holds are the store's to say (pool.held,
-	// pool.nHeld, pool.heldPod).
-
-	// recycling counts the held pods being recycled.
-	recycling int
+	name types.NamespacedName
+	// created is the creation time in Unix nanoseconds (see createdAt).
+	created int64
 
 	// With pod marks:
 	// recRV is the resourceVersion of the newest version of the claim whose
@@ -891,6 +906,24 @@ func (c *claimInfo) addRV(rv string) {
 }
 
 func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }
+
+// noTime is claimInfo.created for a zero creation time.
+const noTime = math.MinInt64
+
+func unixNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return noTime
+	}
+	return t.UnixNano()
+}
+
+// createdAt is the claim's creation time.
+func (c *claimInfo) createdAt() time.Time {
+	if c.created == noTime {
+		return time.Time{}
+	}
+	return time.Unix(0, c.created)
+}
 
 // maxForgotten bounds pool.forgotten.
 const maxForgotten = 4096

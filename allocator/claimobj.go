@@ -58,7 +58,7 @@ func (c *config) slimmable() bool { return c.slimKeys != nil }
 // claimMeta keeps of it.
 func (p *pool) setObj(ci *claimInfo, o client.Object, cfg *config) {
 	if !cfg.slimmable() || o == nil {
-		ci.obj, ci.meta = o, nil
+		ci.ver = o
 		return
 	}
 	m := &claimMeta{kind: p.kindOf(o), rv: o.GetResourceVersion()}
@@ -87,7 +87,7 @@ func (p *pool) setObj(ci *claimInfo, o client.Object, cfg *config) {
 	} else {
 		m.fin = slices.Clone(fin)
 	}
-	ci.obj, ci.meta = nil, m
+	ci.ver = m
 }
 
 // kindOf returns the claimKind of o, shared with the pool's other claims.
@@ -108,15 +108,29 @@ func (p *pool) kindOf(o client.Object) *claimKind {
 
 // known reports whether a version of ci is known: false for a claim known
 // only from its pods' marks.
-func (ci *claimInfo) known() bool { return ci.obj != nil || ci.meta != nil }
+func (ci *claimInfo) known() bool { return ci.ver != nil }
+
+// meta returns what ci keeps of its newest version with the annotation
+// syncer, nil otherwise.
+func (ci *claimInfo) meta() *claimMeta {
+	m, _ := ci.ver.(*claimMeta)
+	return m
+}
+
+// obj returns the newest version of ci itself, kept with another syncer;
+// nil otherwise.
+func (ci *claimInfo) obj() client.Object {
+	o, _ := ci.ver.(client.Object)
+	return o
+}
 
 // objRV is the resourceVersion of the newest version of ci known.
 func (ci *claimInfo) objRV() string {
-	switch {
-	case ci.meta != nil:
-		return ci.meta.rv
-	case ci.obj != nil:
-		return ci.obj.GetResourceVersion()
+	switch v := ci.ver.(type) {
+	case *claimMeta:
+		return v.rv
+	case client.Object:
+		return v.GetResourceVersion()
 	}
 	return ""
 }
@@ -124,11 +138,11 @@ func (ci *claimInfo) objRV() string {
 // objDeleted reports whether the newest version of ci known has a deletion
 // timestamp.
 func (ci *claimInfo) objDeleted() bool {
-	switch {
-	case ci.meta != nil:
-		return ci.meta.deleted != nil
-	case ci.obj != nil:
-		return ci.obj.GetDeletionTimestamp() != nil
+	switch v := ci.ver.(type) {
+	case *claimMeta:
+		return v.deleted != nil
+	case client.Object:
+		return v.GetDeletionTimestamp() != nil
 	}
 	return false
 }
@@ -137,9 +151,9 @@ func (ci *claimInfo) objDeleted() bool {
 // itself, or a new slim object made from its claimMeta (see above). It
 // only reads ci, and may run concurrently with other readers.
 func (ci *claimInfo) object() client.Object {
-	m := ci.meta
+	m := ci.meta()
 	if m == nil {
-		return ci.obj
+		return ci.obj()
 	}
 	var o client.Object
 	if m.kind.unstructuredClaim {
@@ -164,7 +178,7 @@ func (ci *claimInfo) object() client.Object {
 	o.SetName(ci.name.Name)
 	o.SetUID(ci.uid)
 	o.SetResourceVersion(m.rv)
-	o.SetCreationTimestamp(metav1.Time{Time: ci.created})
+	o.SetCreationTimestamp(metav1.Time{Time: ci.createdAt()})
 	if m.deleted != nil {
 		t := *m.deleted
 		o.SetDeletionTimestamp(&t)
@@ -185,8 +199,8 @@ func (ci *claimInfo) object() client.Object {
 // hasFinalizer reports whether the newest version of ci known carries the
 // allocation finalizer.
 func (r *round) hasFinalizer(ci *claimInfo) bool {
-	if ci.meta != nil {
-		return slices.Contains(ci.meta.fin, r.a.cfg.slimKeys.Finalizer)
+	if m := ci.meta(); m != nil {
+		return slices.Contains(m.fin, r.a.cfg.slimKeys.Finalizer)
 	}
-	return r.a.cfg.syncer.HasFinalizer(ci.obj)
+	return r.a.cfg.syncer.HasFinalizer(ci.obj())
 }

@@ -121,7 +121,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	// replaces lists and that is marked for the claim, reserved ones too.
 	frozen := make(map[*claimInfo]bool)
 	for ci, pods := range r.reservationsByClaim() {
-		room := max(0, ci.want-(p.nHeld(ci)-ci.recycling))
+		room := max(0, int(ci.want)-(p.nHeld(ci)-int(ci.recycling)))
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
@@ -223,7 +223,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					h, _ := parseMark(r.p.name, live)
 					mine = h.UID == ci.uid
 				}
-				if _, ok := gone[name]; !ok && pi != nil && mine && pi.settleFor == nil {
+				if _, ok := gone[name]; !ok && pi != nil && mine && pi.settling() == nil {
 					allocated = append(allocated, name)
 				}
 			}
@@ -259,7 +259,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 		return found
 	})
 	slices.Sort(released)
-	stillRecycling := ci.recycling - len(w.done)
+	stillRecycling := int(ci.recycling) - len(w.done)
 	return syncer.Record{Allocated: allocated, Release: release, Released: released},
 		len(allocated) > 0 || stillRecycling > 0
 }
@@ -533,7 +533,7 @@ func (r *round) apply(w *write) {
 						continue
 					}
 					// Kept by a live read of its mark (staleMarks): held.
-					if pi := p.pods[name]; pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settleFor == nil {
+					if pi := p.pods[name]; pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil {
 						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid {
 							pi.mark, pi.markOwn, pi.markRV = w.marks[name], false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {

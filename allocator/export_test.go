@@ -34,8 +34,8 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 		if ci := pi.reservedBy(); ci != nil {
 			fmt.Fprintf(&b, " reserved-for=%s", ci.name.Name)
 		}
-		if pi.settleFor != nil {
-			fmt.Fprintf(&b, " settling-for=%s", pi.settleFor.name.Name)
+		if pi.settling() != nil {
+			fmt.Fprintf(&b, " settling-for=%s", pi.settling().name.Name)
 		}
 		if pi.recycling {
 			b.WriteString(" recycling")

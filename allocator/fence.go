@@ -174,7 +174,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		case pi.reservedBy() == ci:
 			r.unreserve(ci, []*podInfo{pi}, true)
 			return p.holderOf(pi) == ci
-		case pi.settleFor == ci:
+		case pi.settling() == ci:
 			// Handed to it again after all (another allocator completed the
 			// hand-out, or a lagging listing made an old mark look like a
 			// hand-out that never landed): it is held, and the settling
@@ -184,7 +184,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 			// a pod it wants.
 			r.endSettle(pi)
 			return r.allocate(ci, name)
-		case p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settleFor == nil:
+		case p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil:
 			return r.allocate(ci, name)
 		}
 		return false
@@ -197,7 +197,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		}
 		return false
 	default:
-		if holder := p.holderOf(pi); holder != nil || pi.reservedBy() != nil || pi.settleFor != nil {
+		if holder := p.holderOf(pi); holder != nil || pi.reservedBy() != nil || pi.settling() != nil {
 			return holder == ci
 		}
 		if !verified && rvNum(pi.rv) < ci.recRV {
@@ -265,26 +265,27 @@ func (r *round) toSettle(ci *claimInfo, pi *podInfo) {
 		r.drop(ci, pi)
 		return
 	}
-	pi.settleFor = ci // keeps the entry while it is dropped
+	pi.setSettle(ci) // keeps the entry while it is dropped
 	r.drop(ci, pi)
 	if r.p.holderOf(pi) != nil {
-		pi.settleFor = nil
+		pi.setSettle(nil)
 		return
 	}
-	pi.settleFor = nil
+	pi.setSettle(nil)
 	r.startSettle(ci, pi)
 	pi.recycled = recycled
 }
 
 func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
-	if pi.settleFor == ci {
+	if pi.settling() == ci {
 		return
 	}
 	if pi.reservedBy() != nil {
 		pi.reserve(nil, time.Time{})
 		delete(r.p.reserved, pi.name)
 	}
-	pi.settleFor, pi.recycled = ci, false
+	pi.setSettle(ci)
+	pi.recycled = false
 	r.p.settling[pi.name] = pi
 	r.p.dirty[ci] = struct{}{}
 	r.p.refreshFree(pi)
@@ -294,7 +295,8 @@ func (r *round) endSettle(pi *podInfo) {
 	if pi == nil {
 		return
 	}
-	pi.settleFor, pi.recycled = nil, false
+	pi.setSettle(nil)
+	pi.recycled = false
 	if r.p.settling[pi.name] == pi {
 		delete(r.p.settling, pi.name)
 	}
@@ -343,7 +345,7 @@ func (r *round) maybeForget(pi *podInfo) {
 	if p.pods[pi.name] != pi {
 		return
 	}
-	if pi.present || pi.reservedBy() != nil || pi.settleFor != nil || pi.strays > 0 || p.holderOf(pi) != nil {
+	if pi.present || pi.reservedBy() != nil || pi.settling() != nil || pi.strays > 0 || p.holderOf(pi) != nil {
 		p.refreshFree(pi)
 		return
 	}
@@ -491,7 +493,7 @@ func (r *round) findPods() {
 				continue
 			}
 			pi := r.p.pods[name]
-			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settleFor != nil || pi.uid != "" && pi.uid != pod.UID) {
+			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil || pi.uid != "" && pi.uid != pod.UID) {
 				continue // known here otherwise: left to the listing
 			}
 			pi = r.p.podOrNew(name)
@@ -527,7 +529,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		// The mark is gone: whoever removed it settled the pod, and no
 		// record may list it any more; or a held pod lost its mark, and
 		// is of uncertain use.
-		if pi.settleFor != nil {
+		if pi.settling() != nil {
 			r.endSettle(pi)
 		}
 		if ci := pi.reservedBy(); ci != nil {
@@ -568,8 +570,8 @@ func (r *round) resolveMark(pi *podInfo) {
 		pi.reserve(nil, time.Time{})
 		delete(p.reserved, pi.name)
 	}
-	if pi.settleFor != nil {
-		if pi.settleFor.uid == h.UID {
+	if pi.settling() != nil {
+		if pi.settling().uid == h.UID {
 			return
 		}
 		r.endSettle(pi)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // checkInvariants checks that every pool's state is consistent with itself
@@ -70,7 +72,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 				recycling++
 			}
 		}
-		if recycling != ci.recycling {
+		if int32(recycling) != ci.recycling {
 			bad("claim %s counts %d pods recycling, %d are", ci.name, ci.recycling, recycling)
 		}
 		for _, name := range ci.strays() {
@@ -79,8 +81,10 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if ci.listed && !ci.since().IsZero() {
 			bad("claim %s is listed and missing since %v", ci.name, ci.since())
 		}
-		if ci.obj != nil && ci.meta != nil {
-			bad("claim %s keeps both its object and its metadata", ci.name)
+		switch ci.ver.(type) {
+		case nil, *claimMeta, client.Object:
+		default:
+			bad("claim %s keeps a version of type %T", ci.name, ci.ver)
 		}
 		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].v != ci {
 			bad("claim %s is not at its place %d in claimSeen", ci.name, ci.idx)
@@ -115,14 +119,14 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 				bad("pod %s is reserved, not in the reserved set", name)
 			}
 		}
-		if pi.settleFor != nil {
+		if pi.settling() != nil {
 			roles++
 			if p.settling[name] != pi {
 				bad("pod %s is settling, not in the settling set", name)
 			}
 		}
 		if roles > 1 {
-			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, isHeld, pi.reservedBy() != nil, pi.settleFor != nil)
+			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, isHeld, pi.reservedBy() != nil, pi.settling() != nil)
 		}
 		if pi.recycling != (p.recycling[name] == pi) {
 			bad("pod %s: recycling %t, in the recycling set %t", name, pi.recycling, p.recycling[name] == pi)
@@ -175,7 +179,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 	}
 	for name, pi := range p.settling {
-		if p.pods[name] != pi || pi.settleFor == nil {
+		if p.pods[name] != pi || pi.settling() == nil {
 			bad("settling pod %s is not settling", name)
 		}
 	}

@@ -181,7 +181,7 @@ func (r *round) unmarkPods() {
 	for name, e := range r.p.unmark {
 		pi := r.p.pods[name]
 		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != e.uid ||
-			r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settleFor != nil {
+			r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil {
 			delete(r.p.unmark, name)
 			if pi != nil {
 				r.p.refreshFree(pi)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -252,7 +253,7 @@ func (r *round) settled(ci *claimInfo) bool {
 	if ci.terminating {
 		return n == 0 && !r.hasFinalizer(ci)
 	}
-	if n != ci.want {
+	if n != int(ci.want) {
 		return false
 	}
 	for _, pod := range ci.release() {
@@ -331,7 +332,7 @@ func checkClaim(pool types.NamespacedName, i int, c Claim) error {
 	switch {
 	case c.Object.GetUID() == "":
 		return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
-	case c.Want < 0:
+	case c.Want < 0 || c.Want > math.MaxInt32:
 		return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), c.Want)
 	}
 	return nil
@@ -446,7 +447,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 		for j := range chunk {
 			i, hd := start+j, &cheads[j]
 			if !checked {
-				if c := chunk[j]; c.Object == nil || hd.uid == "" || c.Want < 0 {
+				if c := chunk[j]; c.Object == nil || hd.uid == "" || c.Want < 0 || c.Want > math.MaxInt32 {
 					return nil, nil, checkClaim(p.name, i, c)
 				}
 			}
@@ -647,7 +648,7 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		p.refreshFree(old)
 	}
 	p.seePod(old)
-	if p.holderOf(old) == nil && old.reservedBy() == nil && old.settleFor == nil {
+	if p.holderOf(old) == nil && old.reservedBy() == nil && old.settling() == nil {
 		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
@@ -749,7 +750,8 @@ func (r *round) recover(claims []Claim) error {
 	for _, pi := range p.pods {
 		pi.recycling, pi.recycled = false, false
 		pi.reserve(nil, time.Time{})
-		pi.settleFor, pi.strays = nil, 0
+		pi.setSettle(nil)
+		pi.strays = 0
 	}
 	clear(p.recycling)
 	clear(p.lost)
@@ -819,9 +821,9 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 	ci := &claimInfo{
 		uid:         o.GetUID(),
 		name:        types.NamespacedName{Namespace: r.p.name.Namespace, Name: o.GetName()},
-		want:        c.Want,
+		want:        int32(c.Want),
 		priority:    c.Priority,
-		created:     o.GetCreationTimestamp().Time,
+		created:     unixNanos(o.GetCreationTimestamp().Time),
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
 	r.p.setObj(ci, o, r.a.cfg)
@@ -916,8 +918,8 @@ func (r *round) observeClaim(c Claim) error {
 		p.setObj(ci, o, r.a.cfg)
 		ci.addRV(rv)
 		ci.setRelease(rec.Release)
-		ci.want, ci.priority = c.Want, c.Priority
-		ci.created = o.GetCreationTimestamp().Time
+		ci.want, ci.priority = int32(c.Want), c.Priority
+		ci.created = unixNanos(o.GetCreationTimestamp().Time)
 		if o.GetDeletionTimestamp() != nil {
 			ci.terminating = true
 		}
@@ -1169,12 +1171,12 @@ func (r *round) plan() (algorithm.Action, error) {
 		if !ci.listed {
 			continue
 		}
-		want := ci.want
+		want := int(ci.want)
 		if ci.terminating {
 			want = 0
 		}
 		n := p.nHeld(ci)
-		keep := n - ci.recycling
+		keep := n - int(ci.recycling)
 		// Pods reserved for the claim by a write of unknown outcome (or
 		// another allocator's hand-out) may be its own: they count against
 		// what it wants beyond what it holds, and the next write of its
@@ -1228,7 +1230,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		if held == nil && n > 0 {
 			held = p.held(ci)
 		}
-		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.created}
+		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.createdAt()}
 		for _, pi := range held {
 			name := pi.name
 			if pi.recycling {
@@ -1476,7 +1478,7 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		}
 	}
 	for _, pi := range r.p.settling {
-		add(pi.settleFor, pi, true)
+		add(pi.settling(), pi, true)
 	}
 	for _, pods := range done {
 		slices.Sort(pods)
