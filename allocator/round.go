@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -436,9 +437,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 		chunk := claims[start:min(start+scanChunk, len(claims))]
 		touch := 0
 		for j := range chunk {
-			if o := chunk[j].Object; o != nil {
-				cheads[j] = claimHead{ns: o.GetNamespace(), uid: o.GetUID(), rv: o.GetResourceVersion()}
-			}
+			cheads[j] = headOf(chunk[j].Object)
 			if k := h.next + j; k < len(p.claimSeen) {
 				touch += int(p.claimSeen[k].v.idx)
 			}
@@ -466,7 +465,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			if ci == nil {
 				if !checked {
-					if hd.ns != p.name.Namespace {
+					if chunk[j].Object.GetNamespace() != p.name.Namespace {
 						return nil, nil, checkClaim(p.name, i, chunk[j])
 					}
 					if newClaims == nil {
@@ -486,7 +485,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			st.seen = p.gen
 			h.next = int(ci.idx) + 1
 			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed {
-				if !checked && hd.ns != p.name.Namespace {
+				if !checked && chunk[j].Object.GetNamespace() != p.name.Namespace {
 					return nil, nil, checkClaim(p.name, i, chunk[j])
 				}
 				changedClaims = append(changedClaims, i)
@@ -507,9 +506,23 @@ type podHead struct {
 }
 
 type claimHead struct {
-	ns  string
 	uid types.UID
 	rv  string
+}
+
+// headOf reads a claim's UID and resourceVersion: from its ObjectMeta
+// directly when it has one (a typed claim), through the object's methods
+// otherwise.
+func headOf(o client.Object) claimHead {
+	if a, ok := o.(metav1.ObjectMetaAccessor); ok {
+		if m, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok && m != nil {
+			return claimHead{uid: m.UID, rv: m.ResourceVersion}
+		}
+	}
+	if o == nil {
+		return claimHead{}
+	}
+	return claimHead{uid: o.GetUID(), rv: o.GetResourceVersion()}
 }
 
 // maxHintMisses bounds how many more misses than hits a hint may have in a
