@@ -354,7 +354,12 @@ func TestRegressionLaggingPodListingKeepsHeldPod(t *testing.T) {
 // resourceVersions.
 func regressionPool(t *testing.T, n int, want int32) (client.Client, types.NamespacedName, *testenv.Claim) {
 	t.Helper()
-	c := newFakeClient(t, nil)
+	return regressionPoolOn(t, newFakeClient(t, nil), n, want)
+}
+
+// regressionPoolOn is regressionPool on the client c.
+func regressionPoolOn(t *testing.T, c client.Client, n int, want int32) (client.Client, types.NamespacedName, *testenv.Claim) {
+	t.Helper()
 	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
 	_, err := testenv.CreatePods(context.Background(), c, "ns", "p", n, true)
 	require.NoError(t, err)
@@ -737,12 +742,7 @@ func TestRegressionAbsentPodRecycledAfterFailedRelease(t *testing.T) {
 			return c.Patch(ctx, obj, patch, opts...)
 		},
 	})
-	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
-	_, err := testenv.CreatePods(ctx, c, "ns", "p", 1, true)
-	require.NoError(t, err)
-	cl := testenv.NewClaim("ns", "c", "p", 1)
-	cl.UID = "uid-c"
-	require.NoError(t, c.Create(ctx, cl))
+	c, pool, cl := regressionPoolOn(t, c, 1, 1)
 	rec := &recordingRecycler{}
 	a, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
 	require.NoError(t, err)
@@ -969,13 +969,7 @@ func TestRegressionLandedReleaseIsNotRecycledAgain(t *testing.T) {
 		t.Run(map[bool]string{true: "marks", false: "without-marks"}[marks], func(t *testing.T) {
 			ctx := context.Background()
 			var l landedThenFails
-			c := l.client(t)
-			pool := types.NamespacedName{Namespace: "ns", Name: "p"}
-			_, err := testenv.CreatePods(ctx, c, "ns", "p", 2, true)
-			require.NoError(t, err)
-			cl := testenv.NewClaim("ns", "c", "p", 2)
-			cl.UID = "uid-c"
-			require.NoError(t, c.Create(ctx, cl))
+			c, pool, cl := regressionPoolOn(t, l.client(t), 2, 2)
 			rec := &onceRecycler{}
 			opts := []allocator.Option{allocator.WithRecycler(rec.recycle)}
 			if !marks {
