@@ -123,7 +123,11 @@ type config struct {
 	ourFinalizers []string
 }
 
-// WithStore replaces the in-memory store.
+// WithStore replaces the in-memory store. The store is the allocator's one
+// index of holdings: it records there every hand-out and release once the
+// record is written, and reads from there who holds what. It must not be
+// shared with another Allocator or written by anything else. A store that
+// fails a read makes its pods count as held until it answers (ErrStore).
 func WithStore(s store.AllocationStore) Option { return optionFunc(func(c *config) { c.store = s }) }
 
 // WithSyncer replaces the annotation syncer. It cannot be combined with
