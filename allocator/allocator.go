@@ -494,8 +494,8 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	}
 }
 
-// podInfo is what the pool knows of a pod: from the listing, and whether a
-// claim holds it is the store's to say (pool.holderOf).
+// podInfo is what the pool knows of a pod, from the listings and its own
+// writes; which claim holds it is the store's to say (pool.holderOf).
 type podInfo struct {
 	// The fields a round reads for every pod of a listing come first.
 
