@@ -475,7 +475,6 @@ func (p *pool) podSeenNow(pi *podInfo) bool { return p.podSeen.seenIn(pi, p.gen)
 func (p *pool) addClaim(ci *claimInfo)          { p.claimSeen.add(ci) }
 func (p *pool) removeClaim(ci *claimInfo)       { p.claimSeen.remove(ci) }
 func (p *pool) seeClaim(ci *claimInfo)          { p.claimSeen.see(ci, p.gen) }
-func (p *pool) claimSeenNow(ci *claimInfo) bool { return p.claimSeen.seenIn(ci, p.gen) }
 
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{

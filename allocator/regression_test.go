@@ -415,8 +415,9 @@ func TestRegressionNewerRecordEndsReservation(t *testing.T) {
 		}
 		lagging = append(lagging, p)
 	}
-	res, err = b.Round(ctx, allocator.Input{Pool: pool, Pods: lagging, Claims: fresh.Claims})
-	// The second listing's pods lag more than its claims (another cache).
+	res, _ = b.Round(ctx, allocator.Input{Pool: pool, Pods: lagging, Claims: fresh.Claims})
+	// The second listing's pods lag more than its claims (another cache);
+	// the round may report what it read live, but hands nothing out.
 	require.Empty(t, res.Allocated)
 	require.Equal(t, want, recordOn(t, c, "c").Held(), "the claim keeps both pods its record lists")
 }
