@@ -472,9 +472,9 @@ func (p *pool) removePod(pi *podInfo)       { p.podSeen.remove(pi) }
 func (p *pool) seePod(pi *podInfo)          { p.podSeen.see(pi, p.gen) }
 func (p *pool) podSeenNow(pi *podInfo) bool { return p.podSeen.seenIn(pi, p.gen) }
 
-func (p *pool) addClaim(ci *claimInfo)          { p.claimSeen.add(ci) }
-func (p *pool) removeClaim(ci *claimInfo)       { p.claimSeen.remove(ci) }
-func (p *pool) seeClaim(ci *claimInfo)          { p.claimSeen.see(ci, p.gen) }
+func (p *pool) addClaim(ci *claimInfo)    { p.claimSeen.add(ci) }
+func (p *pool) removeClaim(ci *claimInfo) { p.claimSeen.remove(ci) }
+func (p *pool) seeClaim(ci *claimInfo)    { p.claimSeen.see(ci, p.gen) }
 
 func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 	return &pool{
