@@ -110,6 +110,26 @@ func (p *pool) kindOf(o client.Object) *claimKind {
 // only from its pods' marks.
 func (ci *claimInfo) known() bool { return ci.ver != nil }
 
+// settledVer is claimInfo.ver once a settled claim's version was let go
+// (letGo): the version is known, at resourceVersion claimInfo.rv, but not
+// kept. A write reads it again (see do).
+type settledVer struct{}
+
+// letGo forgets what ci keeps of its newest version, which a settled
+// claim does not need: most claims of a steady pool are settled, and the
+// version is most of what a claim costs to keep.
+func (ci *claimInfo) letGo() {
+	if ci.ver != nil {
+		ci.ver = settledVer{}
+	}
+}
+
+// letGone reports whether ci's version is known but was let go.
+func (ci *claimInfo) letGone() bool {
+	_, ok := ci.ver.(settledVer)
+	return ok
+}
+
 // meta returns what ci keeps of its newest version with the annotation
 // syncer, nil otherwise.
 func (ci *claimInfo) meta() *claimMeta {
@@ -131,6 +151,8 @@ func (ci *claimInfo) objRV() string {
 		return v.rv
 	case client.Object:
 		return v.GetResourceVersion()
+	case settledVer:
+		return ci.rv
 	}
 	return ""
 }
@@ -201,6 +223,10 @@ func (ci *claimInfo) object() client.Object {
 func (r *round) hasFinalizer(ci *claimInfo) bool {
 	if m := ci.meta(); m != nil {
 		return slices.Contains(m.fin, r.a.cfg.slimKeys.Finalizer)
+	}
+	if ci.letGone() {
+		// Not known: a write reads the claim and finds out.
+		return true
 	}
 	return r.a.cfg.syncer.HasFinalizer(ci.obj())
 }

@@ -271,12 +271,40 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 // the allocator (a listing) or on the allocator's own last write of it: the
 // claim's Want is read by the caller, so a version the allocator only read
 // live could ask for something else. Live reads therefore decide outcomes
-// (gone? landed?) and never become the base of a plan. A conflict is left
-// for the next round, when the listing shows the new version.
+// (gone? landed?) and never become the base of a plan, but for one: a
+// settled claim's version, let go (letGo), is read again, and used only
+// when it is at the resourceVersion known, which makes it that version. A
+// conflict is left for the next round, when the listing shows the new
+// version.
 func (r *round) do(w *write) {
 	s := r.a.cfg.syncer
 	base := w.ci.object()
 	own := base != nil
+	if base == nil && w.ci.letGone() && w.ci.listed {
+		// The version known was let go when the claim settled: read it
+		// again. Read at the resourceVersion known, it is that version;
+		// at another, the claim changed since the listing, and the write
+		// waits for the listing to show the change, as after a conflict.
+		proto := r.p.protoFor(w.ci)
+		if proto == nil {
+			w.err = fmt.Errorf("read claim: %w", errNoProto)
+			return
+		}
+		live, err := r.live(w.ci, proto)
+		switch {
+		case apierrors.IsNotFound(err):
+			w.gone = true
+			return
+		case err != nil:
+			w.err = fmt.Errorf("read claim: %w", err)
+			return
+		case live.GetResourceVersion() != w.ci.rv:
+			w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name.Name,
+				fmt.Errorf("claim %s changed since resourceVersion %s, which the allocator knows", w.ci.name, w.ci.rv))
+			return
+		}
+		base, own = live, true
+	}
 	if base == nil {
 		// A claim known only from its pods' marks.
 		if w.ci.gone {

@@ -82,7 +82,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("claim %s is listed and missing since %v", ci.name, ci.since())
 		}
 		switch ci.ver.(type) {
-		case nil, *claimMeta, client.Object:
+		case nil, *claimMeta, client.Object, settledVer:
 		default:
 			bad("claim %s keeps a version of type %T", ci.name, ci.ver)
 		}

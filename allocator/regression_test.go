@@ -1112,3 +1112,57 @@ func TestStoreIsTheIndexOfHoldings(t *testing.T) {
 	require.NotEqual(t, held[0], got[0])
 	require.NoError(t, allocator.CheckInvariants(a))
 }
+
+// A settled claim lets go of what it kept of its object (most claims of a
+// steady pool are settled). A write it needs later without a new version
+// in the input (here a held pod gone, WithReplaceLost, through Update)
+// reads the claim again and is based on it when it is still the version
+// known; when the claim changed meanwhile, the write waits for the input
+// to show the change.
+func TestSettledClaimWriteReadsTheClaimAgain(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 3, 1)
+	a, err := allocator.New(c, allocator.WithReplaceLost(true))
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	first := res.Allocated[0].Pods[0]
+	_, err = world.Round(ctx, a, c, pool) // settled
+	require.NoError(t, err)
+
+	deletePod := func(name string) {
+		var pod corev1.Pod
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: name}, &pod))
+		require.NoError(t, c.Delete(ctx, &pod))
+	}
+	deletePod(first)
+	res, err = a.Update(ctx, allocator.Changes{Pool: pool, DeletedPods: []string{first}})
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1, "the gone pod is replaced")
+	second := res.Allocated[0].Pods[0]
+	require.Equal(t, []string{second}, recordOn(t, c, "c").Held())
+	require.NoError(t, allocator.CheckInvariants(a))
+	_, err = a.Update(ctx, allocator.Changes{Pool: pool}) // settled again
+	require.NoError(t, err)
+
+	// The claim changes on the server; the allocator is not shown it.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Labels = map[string]string{"touched": "yes"}
+	require.NoError(t, c.Update(ctx, cl))
+	deletePod(second)
+	res, err = a.Update(ctx, allocator.Changes{Pool: pool, DeletedPods: []string{second}})
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	require.True(t, apierrors.IsConflict(err), "a conflict, retried once the input shows the claim: %v", err)
+	require.Empty(t, res.Allocated, "no write on a version the allocator was not shown")
+	require.Equal(t, []string{second}, recordOn(t, c, "c").Held())
+
+	// Shown the change, it writes.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	res, err = a.Update(ctx, allocator.Changes{Pool: pool, Claims: []allocator.Claim{{Object: cl, Want: 1}}})
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	now := recordOn(t, c, "c").Held()
+	require.Len(t, now, 1)
+	require.NotEqual(t, second, now[0])
+	require.NoError(t, allocator.CheckInvariants(a))
+}

@@ -228,6 +228,7 @@ func (r *round) settle() {
 		}
 		if r.settled(ci) {
 			delete(p.dirty, ci)
+			ci.letGo()
 		}
 	}
 	// A Go map keeps its buckets when emptied, and ranging over it visits
