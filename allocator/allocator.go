@@ -381,9 +381,6 @@ type pool struct {
 	tombs map[string]podTomb
 	// places are the pods' podPlaces.
 	places map[podPlace]*podPlace
-	// touch sums what scan reads ahead only to have it in the caches (a
-	// prefetch); it is never read.
-	touch int
 	// storeErr is the first error the store returned on a read since the
 	// last round reported it.
 	storeErr error
@@ -665,9 +662,12 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 	return c
 }
 
-func (p *pool) candidate(pi *podInfo) bool {
-	return pi.present && pi.ready && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name] == pi && p.holderOf(pi) == nil
+func (p *pool) candidate(pi *podInfo) bool { return p.candidateHeldBy(pi, p.holderOf(pi)) }
+
+// candidateHeldBy is candidate for a pod whose holder is known.
+func (p *pool) candidateHeldBy(pi *podInfo, holder *claimInfo) bool {
+	return holder == nil && pi.present && pi.ready && !pi.recycling && pi.reservedBy() == nil &&
+		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name] == pi
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
@@ -686,7 +686,7 @@ func (p *pool) refreshFree(pi *podInfo) {
 			p.dirty[holder] = struct{}{}
 		}
 	}
-	want := p.candidate(pi)
+	want := p.candidateHeldBy(pi, holder)
 	switch {
 	case want && pi.freeIdx < 0:
 		pi.freeIdx = int32(len(p.free))

@@ -41,7 +41,12 @@
 // what changed to Allocator.Update after a pool's first Round: the cost of
 // such a round grows with the changes and the claims still waiting, not
 // with the pool. Round itself diffs its listing against what it saw last,
-// so an unchanged claim's record is never decoded again either way.
+// so an unchanged claim's record is never decoded again either way. A
+// claim that is settled (it holds what it wants and has nothing pending)
+// keeps no copy of its object: a later write that the input does not
+// bring a new version for reads the claim live, and writes only if it is
+// still the version known (otherwise it waits for the input, as after a
+// conflict).
 //
 // # Pod marks
 //
@@ -53,7 +58,8 @@
 // claim force-deleted while no allocator ran (its pods are recycled after
 // the restart), a record edited by hand (a pod is believed to be a claim's
 // only where its mark says so), and several allocators on one pool at
-// once, through failovers and lagging listings.
+// once, through failovers and listings that lag by less than a Quarantine
+// (with one limit: records name pods, not UIDs; see WithPodMarks).
 //
 // The rules every allocator follows are set out in fence.go; in short: a
 // newer record is taken in, filtered by the marks; a write keeps only pods

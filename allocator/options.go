@@ -140,9 +140,12 @@ func WithSyncer(s syncer.AllocationSyncer) Option {
 // for example syncer.OpenSandboxKeys(). The default is syncer.DefaultKeys().
 func WithKeys(k syncer.Keys) Option { return optionFunc(func(c *config) { c.keys = &k }) }
 
-// WithAPIReader sets the reader the default syncer uses to read a claim
-// live when a write conflicts or its outcome is unknown. With a manager's
-// cached client, pass mgr.GetAPIReader(). The default is the client.
+// WithAPIReader sets the reader the allocator uses to read claims (and,
+// with pod marks or WithReplaceLost, pods) live: when a write conflicts or
+// its outcome is unknown, when a settled claim is written again (its
+// object is not kept, see the package documentation), and where a listing
+// may lag. It needs get on claims (and pods). With a manager's cached
+// client, pass mgr.GetAPIReader(). The default is the client.
 func WithAPIReader(r client.Reader) Option { return optionFunc(func(c *config) { c.apiReader = r }) }
 
 // WithAlgorithm replaces the default algorithm, algorithm.Packed.
@@ -199,11 +202,15 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 //   - a record edited to list a pod marked for another claim is not
 //     believed, also at recovery;
 //   - several allocators running on one pool at once (a failover, a
-//     rolling update), also on lagging listings, cannot hand one pod to two
-//     claims: marks and records are written under resourceVersions, and
-//     the allocator compares resourceVersions of pods and claims as
-//     numbers, as the API server's etcd revisions allow (see the package
-//     documentation).
+//     rolling update), also on lagging listings (lagging by less than
+//     Quarantine), cannot hand one pod to two claims: marks and records
+//     are written under resourceVersions, and the allocator compares
+//     resourceVersions of pods and claims as numbers, as the API server's
+//     etcd revisions allow (see the package documentation). Records name
+//     pods, not UIDs: a pod deleted and recreated under a name a record
+//     still lists is a new pod, and an allocator that cannot see that
+//     record yet may hand it out while the record still names it (README,
+//     "Many allocators").
 //
 // The client given to New must be allowed to patch pods, and the API reader
 // (WithAPIReader, else the client) to get pods and claims: the allocator

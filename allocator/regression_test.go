@@ -321,9 +321,7 @@ func TestRegressionLaggingPodListingKeepsHeldPod(t *testing.T) {
 	c, pool, _ := regressionPool(t, 3, 1)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
-	require.Len(t, res.Allocated, 1)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods
 	require.Len(t, held, 1)
 
@@ -357,6 +355,16 @@ func regressionPool(t *testing.T, n int, want int32) (client.Client, types.Names
 	return regressionPoolOn(t, newFakeClient(t, nil), n, want)
 }
 
+// firstRound runs a's first round on pool, which must hand out pods to one
+// claim.
+func firstRound(t *testing.T, a allocator.Allocator, c client.Client, pool types.NamespacedName) allocator.Result {
+	t.Helper()
+	res, err := world.Round(context.Background(), a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	return res
+}
+
 // regressionPoolOn is regressionPool on the client c.
 func regressionPoolOn(t *testing.T, c client.Client, n int, want int32) (client.Client, types.NamespacedName, *testenv.Claim) {
 	t.Helper()
@@ -384,8 +392,7 @@ func TestRegressionNewerRecordEndsReservation(t *testing.T) {
 	podsEarly, claimsEarly := early, early
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	first := res.Allocated[0].Pods
 	podsMarked, err := world.Input(ctx, c, pool)
 	require.NoError(t, err)
@@ -439,8 +446,7 @@ func TestRegressionStaleClaimListingPastQuarantineRecyclesFirst(t *testing.T) {
 	a, err := allocator.New(c, allocator.WithClock(clk),
 		allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) { return finish.Load(), nil }))
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods
 
 	_, err = a.Round(ctx, stale)
@@ -474,8 +480,7 @@ func TestRegressionOlderPodVersionAfterAbsence(t *testing.T) {
 	require.NoError(t, err)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods
 
 	b, err := allocator.New(c)
@@ -599,8 +604,7 @@ func TestRegressionMalformedReleaseKeepsHeldPods(t *testing.T) {
 	c, pool, cl := regressionPool(t, 3, 1)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods
 
 	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
@@ -629,9 +633,7 @@ func TestRegressionReservationKeepsHeldPod(t *testing.T) {
 	c, pool, _ := regressionPool(t, 3, 1)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
-	require.Len(t, res.Allocated, 1)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods[0]
 	other := "p-1"
 	if held == other {
@@ -663,8 +665,7 @@ func TestRegressionUnmarkedByAnotherAllocatorIsNotTakenBack(t *testing.T) {
 	c, pool, cl := regressionPool(t, 2, 1)
 	a, err := allocator.New(c)
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	first := res.Allocated[0].Pods[0]
 	stale, err := world.Input(ctx, c, pool) // the record a wrote
 	require.NoError(t, err)
@@ -827,8 +828,7 @@ func TestRegressionReplaceLostKeepsPodMissingFromLaggingListing(t *testing.T) {
 	c, pool, _ := regressionPool(t, 2, 1)
 	a, err := allocator.New(c, allocator.WithReplaceLost(true))
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	held := res.Allocated[0].Pods[0]
 	in, err := world.Input(ctx, c, pool)
 	require.NoError(t, err)
@@ -1124,8 +1124,7 @@ func TestSettledClaimWriteReadsTheClaimAgain(t *testing.T) {
 	c, pool, cl := regressionPool(t, 3, 1)
 	a, err := allocator.New(c, allocator.WithReplaceLost(true))
 	require.NoError(t, err)
-	res, err := world.Round(ctx, a, c, pool)
-	require.NoError(t, err)
+	res := firstRound(t, a, c, pool)
 	first := res.Allocated[0].Pods[0]
 	_, err = world.Round(ctx, a, c, pool) // settled
 	require.NoError(t, err)

@@ -371,16 +371,10 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 	var pheads [scanChunk]podHead
 	for start := 0; start < len(pods); start += scanChunk {
 		chunk := pods[start:min(start+scanChunk, len(pods))]
-		touch := 0
 		for j := range chunk {
 			m := &chunk[j].ObjectMeta
 			pheads[j] = podHead{name: m.Name, ns: m.Namespace, uid: m.UID, rv: m.ResourceVersion}
-			if k := h.next + j; k < len(p.podSeen) {
-				// The entry the hint will look at, read ahead: a prefetch.
-				touch += int(p.podSeen[k].v.idx)
-			}
 		}
-		p.touch += touch
 		for j := range chunk {
 			hd := &pheads[j]
 			if !checked && hd.name == "" {
@@ -436,14 +430,9 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 	h = hint{}
 	for start := 0; start < len(claims); start += scanChunk {
 		chunk := claims[start:min(start+scanChunk, len(claims))]
-		touch := 0
 		for j := range chunk {
 			cheads[j] = headOf(chunk[j].Object)
-			if k := h.next + j; k < len(p.claimSeen) {
-				touch += int(p.claimSeen[k].v.idx)
-			}
 		}
-		p.touch += touch
 		for j := range chunk {
 			i, hd := start+j, &cheads[j]
 			if !checked {
