@@ -348,6 +348,13 @@ func (r *round) do(w *write) {
 		return
 	}
 	obj, err := s.Write(r.ctx, base, rec, fin)
+	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() {
+		// The new version is what fences the marks of pods the record no
+		// longer lists; without one the write achieved nothing.
+		w.err = fmt.Errorf("claim %s: write record: the syncer returned the claim at resourceVersion %s, the one it replaced (AllocationSyncer.Write must make a new version)",
+			w.ci.name, base.GetResourceVersion())
+		return
+	}
 	if err == nil {
 		w.obj, w.rec = obj, rec
 		return

@@ -59,6 +59,12 @@ import (
 //     this allocator's own hand-out of the pod failed for certain.
 //   - Recycling is a write too: the recycler is called only for a pod whose
 //     mark names the claim it is recycled for.
+//   - Every record write makes a new version of the claim, even one that
+//     writes what the record holds already (another allocator recorded the
+//     release and crashed before the unmark): the API server keeps the
+//     resourceVersion of a patch that changes nothing, and a mark known
+//     only as older than its pod's version can go only after a record
+//     version newer than that (AllocationSyncer.Write's contract).
 
 // rvNum is a resourceVersion as a number, 0 if it is not one.
 func rvNum(rv string) uint64 {

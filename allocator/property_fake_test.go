@@ -32,8 +32,8 @@ func TestPropertyFake(t *testing.T) {
 		// A plain object tracker: the default one keeps managed fields,
 		// which costs most of the run and is not needed here.
 		tracker := clienttesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
-		c := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithObjectTracker(tracker).
-			WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build()
+		c := serverNoops(fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithObjectTracker(tracker).
+			WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build())
 		b.raw, b.base = c, c
 		return [2]string{"ns-a", "ns-b"}, func() {}, nil
 	}

@@ -14,7 +14,8 @@ import (
 
 // TestPropertyMultiFake runs the multi-allocator state machine (see
 // property_multi_test.go) on controller-runtime's fake client, with a
-// global resourceVersion counter as on a real API server: by default 1,000
+// global resourceVersion counter and patches that change nothing kept at
+// their version (serverNoops), as on a real API server: by default 1,000
 // histories of at least 30 steps each (200 of 15 with -short). More:
 //
 //	go test ./allocator -run TestPropertyMultiFake -rapid.checks=20000 -rapid.steps=100
@@ -33,9 +34,9 @@ func TestPropertyMultiFake(t *testing.T) {
 		// tracker: the default one keeps managed fields, which costs
 		// most of the run and is not needed here.
 		tracker := clienttesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
-		c := fake.NewClientBuilder().WithScheme(scheme).WithObjectTracker(tracker).
+		c := serverNoops(fake.NewClientBuilder().WithScheme(scheme).WithObjectTracker(tracker).
 			WithGlobalResourceVersionCounter().
-			WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build()
+			WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build())
 		return mmWorld{raw: c, base: c, ns: "ns", fakeUIDs: true, cleanup: func() {}}, nil
 	}, steps)
 }

@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
@@ -1163,5 +1164,93 @@ func TestSettledClaimWriteReadsTheClaimAgain(t *testing.T) {
 	now := recordOn(t, c, "c").Held()
 	require.Len(t, now, 1)
 	require.NotEqual(t, second, now[0])
+	require.NoError(t, allocator.CheckInvariants(a))
+}
+
+// An allocator crashed between recording a pod released and removing its
+// mark, and the pod changed afterwards (it went unready), so that a new
+// allocator knows the mark only as older than the pod's version, which is
+// newer than the record's. It recycles the pod for the claim and writes the
+// record again, which lists it released already: on the API server such a
+// patch changes nothing and keeps the claim's resourceVersion, so the mark
+// could never go and the pod stayed out of the pool for good (the
+// many-allocator machine on the real API server; kept as
+// testdata/rapid/TestPropertyMultiFake/TestPropertyMultiFake-noop-release-write-no-fence.fail
+// and its Envtest twin). Every write now makes a new version of the claim.
+func TestRegressionReleaseWrittenAlreadyStillFencesTheMark(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 1)
+	cl := f.claim("c", "p", 1)
+	a := f.alloc()
+	res := f.round(a, pool)
+	require.Len(t, res.Allocated, 1)
+	pod := res.Allocated[0].Pods[0]
+
+	// The owner gives the pod back and deletes the claim, which another
+	// finalizer keeps. What the crashed allocator did: it recorded the pod
+	// released, then stopped before the unmark.
+	f.release("c", pod)
+	live := f.get("c")
+	controllerutil.AddFinalizer(live, "example.com/keep")
+	require.NoError(t, f.c.Update(f.ctx, live))
+	require.NoError(t, f.c.Delete(f.ctx, live))
+	t.Cleanup(func() {
+		live := f.get("c")
+		controllerutil.RemoveFinalizer(live, "example.com/keep")
+		require.NoError(t, f.c.Update(f.ctx, live))
+	})
+	s, err := syncer.NewAnnotationSyncer(f.c, f.keys)
+	require.NoError(t, err)
+	_, err = s.Write(f.ctx, f.get("c"), syncer.Record{Released: []string{pod}}, false)
+	require.NoError(t, err)
+	var p corev1.Pod
+	require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: pod}, &p))
+	require.Equal(t, "c/"+string(cl.UID), p.Annotations[allocator.DefaultPodMarkKey], "the mark stays")
+	// The pod changes after the record was written.
+	patch := client.MergeFrom(p.DeepCopy())
+	p.Labels["example.com/touched"] = "1"
+	require.NoError(t, f.c.Patch(f.ctx, &p, patch))
+
+	clk := clocktesting.NewFakeClock(time.Now())
+	b := f.alloc(allocator.WithClock(clk))
+	idle := 0
+	for i := 0; i < 4 && idle == 0; i++ {
+		res = f.round(b, pool)
+		idle = len(res.Idle)
+		clk.Step(allocator.Quarantine + time.Second)
+	}
+	require.Equal(t, 1, idle, "the pod is free again")
+	require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: pod}, &p))
+	require.Empty(t, p.Annotations[allocator.DefaultPodMarkKey], "its mark is gone")
+	require.Empty(t, f.held("c"))
+	require.NoError(t, allocator.CheckInvariants(b))
+}
+
+// noVersionSyncer breaks the AllocationSyncer contract: its Write returns
+// the claim as given, at the resourceVersion it had, and writes nothing.
+type noVersionSyncer struct{ syncer.AllocationSyncer }
+
+func (noVersionSyncer) Write(_ context.Context, claim client.Object, _ syncer.Record, _ bool) (client.Object, error) {
+	return claim.DeepCopyObject().(client.Object), nil
+}
+
+// A syncer whose writes make no new version of the claim is reported, by
+// name, as a failed write: nothing is handed out on it.
+func TestSyncerWithoutNewVersionIsAnError(t *testing.T) {
+	c, pool, _ := regressionPool(t, 1, 1)
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	a, err := allocator.New(c, allocator.WithSyncer(noVersionSyncer{s}))
+	require.NoError(t, err)
+	res, err := world.Round(context.Background(), a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	require.ErrorContains(t, err, "claim ns/c: write record: the syncer returned the claim at resourceVersion")
+	require.Empty(t, res.Allocated)
+	var pod corev1.Pod
+	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "p-0"}, &pod))
+	require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey], "the failed hand-out's mark is gone")
+	held, err := a.Store().Held(pool, "uid-c")
+	require.NoError(t, err)
+	require.Empty(t, held)
 	require.NoError(t, allocator.CheckInvariants(a))
 }

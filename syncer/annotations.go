@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -13,7 +15,8 @@ import (
 
 // AnnotationSyncer keeps a claim's record in three annotations of the claim,
 // each holding {"pods":[...]} (see EncodePods), and the allocation
-// finalizer in its finalizers. It works on any client.Object the client
+// finalizer in its finalizers. A write that would change neither sets a
+// fourth annotation, Keys.Touched. It works on any client.Object the client
 // can patch: typed objects and *unstructured.Unstructured alike.
 //
 // It holds no state besides its configuration and is safe for concurrent
@@ -131,7 +134,9 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 // The API server applies it only if the claim did not change since: else
 // the error is a Conflict and nothing was written. This also keeps the
 // finalizers of other controllers, which a merge patch would otherwise
-// overwrite. rec.Release is not written.
+// overwrite. rec.Release is not written. A write that would change none of
+// this sets the Keys.Touched annotation to claim's resourceVersion instead,
+// so that it too makes a new version of the claim.
 //
 // Before sending, it encodes both lists (an invalid pod name or a pod
 // listed twice is a *RecordError matching ErrMalformedRecord) and checks
@@ -174,6 +179,17 @@ func (s *AnnotationSyncer) Write(ctx context.Context, claim client.Object, rec R
 	}
 	setOrDelete(ann, s.keys.Allocated, allocated)
 	setOrDelete(ann, s.keys.Released, released)
+	if finalizer {
+		controllerutil.AddFinalizer(obj, s.keys.Finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(obj, s.keys.Finalizer)
+	}
+	if maps.Equal(ann, claim.GetAnnotations()) && slices.Equal(obj.GetFinalizers(), claim.GetFinalizers()) {
+		// The API server would keep the resourceVersion of a patch that
+		// changes nothing. The value differs from the annotation's: a
+		// write that set it made a version newer than that value.
+		ann[s.keys.Touched] = claim.GetResourceVersion()
+	}
 	if size := annotationsSize(ann); size > MaxAnnotationsSize {
 		key := s.keys.Allocated
 		if len(released) > len(allocated) {
@@ -191,11 +207,6 @@ func (s *AnnotationSyncer) Write(ctx context.Context, claim client.Object, rec R
 		ann = nil
 	}
 	obj.SetAnnotations(ann)
-	if finalizer {
-		controllerutil.AddFinalizer(obj, s.keys.Finalizer)
-	} else {
-		controllerutil.RemoveFinalizer(obj, s.keys.Finalizer)
-	}
 
 	// The patch is the difference between claim and obj, plus claim's
 	// resourceVersion. Patch reads claim and overwrites only obj.

@@ -19,6 +19,12 @@ type Keys struct {
 	Released string
 	// Finalizer keeps the claim while it holds pods.
 	Finalizer string
+	// Touched is the annotation AnnotationSyncer.Write sets, to the
+	// resourceVersion the write replaces, when the write would change
+	// nothing else: an API server keeps the resourceVersion of a patch
+	// that changes nothing, and every write must make a new version of
+	// the claim (see AllocationSyncer.Write). Nothing reads it.
+	Touched string
 }
 
 // DefaultKeys returns the keys of poolalloc's own domain.
@@ -28,6 +34,7 @@ func DefaultKeys() Keys {
 		Release:   "poolalloc.io/release",
 		Released:  "poolalloc.io/released",
 		Finalizer: "poolalloc.io/allocation",
+		Touched:   "poolalloc.io/touched",
 	}
 }
 
@@ -40,18 +47,21 @@ func OpenSandboxKeys() Keys {
 		Release:   "sandbox.opensandbox.io/alloc-release",
 		Released:  "sandbox.opensandbox.io/alloc-released",
 		Finalizer: "pool.sandbox.opensandbox.io/pool-allocation",
+		// OpenSandbox has no such annotation; it ignores this one.
+		Touched: "poolalloc.io/touched",
 	}
 }
 
-// Validate checks that all four keys are set and are qualified names (the
+// Validate checks that all five keys are set and are qualified names (the
 // form the API server requires of annotation keys and finalizers, such as
-// "example.com/name"), and that the three annotations differ. The error
+// "example.com/name"), and that the four annotations differ. The error
 // matches ErrInvalidKeys and names the field at fault.
 func (k Keys) Validate() error {
 	fields := [...]struct{ name, value string }{
 		{"Allocated", k.Allocated},
 		{"Release", k.Release},
 		{"Released", k.Released},
+		{"Touched", k.Touched},
 		{"Finalizer", k.Finalizer},
 	}
 	for _, f := range fields {
@@ -62,7 +72,7 @@ func (k Keys) Validate() error {
 			return fmt.Errorf("%w: %s %q: %s", ErrInvalidKeys, f.name, f.value, strings.Join(msgs, "; "))
 		}
 	}
-	annotations := fields[:3]
+	annotations := fields[:4]
 	for i := range annotations {
 		for j := i + 1; j < len(annotations); j++ {
 			if annotations[i].value == annotations[j].value {

@@ -14,12 +14,14 @@ func TestKeyPresets(t *testing.T) {
 		Release:   "poolalloc.io/release",
 		Released:  "poolalloc.io/released",
 		Finalizer: "poolalloc.io/allocation",
+		Touched:   "poolalloc.io/touched",
 	}, syncer.DefaultKeys())
 	require.Equal(t, syncer.Keys{
 		Allocated: "sandbox.opensandbox.io/alloc-status",
 		Release:   "sandbox.opensandbox.io/alloc-release",
 		Released:  "sandbox.opensandbox.io/alloc-released",
 		Finalizer: "pool.sandbox.opensandbox.io/pool-allocation",
+		Touched:   "poolalloc.io/touched",
 	}, syncer.OpenSandboxKeys())
 	require.NoError(t, syncer.DefaultKeys().Validate())
 	require.NoError(t, syncer.OpenSandboxKeys().Validate())
@@ -39,6 +41,8 @@ func TestKeysValidate(t *testing.T) {
 		{with(func(k *syncer.Keys) { k.Release = "" }), "Release is empty"},
 		{with(func(k *syncer.Keys) { k.Released = "" }), "Released is empty"},
 		{with(func(k *syncer.Keys) { k.Finalizer = "" }), "Finalizer is empty"},
+		{with(func(k *syncer.Keys) { k.Touched = "" }), "Touched is empty"},
+		{with(func(k *syncer.Keys) { k.Touched = "a b" }), `Touched "a b"`},
 		{with(func(k *syncer.Keys) { k.Allocated = "has space" }), `Allocated "has space"`},
 		{with(func(k *syncer.Keys) { k.Release = "a/b/c" }), `Release "a/b/c"`},
 		{with(func(k *syncer.Keys) { k.Released = "/released" }), `Released "/released": prefix part`},
@@ -47,6 +51,7 @@ func TestKeysValidate(t *testing.T) {
 		{with(func(k *syncer.Keys) { k.Release = k.Allocated }), `Allocated and Release are both "poolalloc.io/allocated"`},
 		{with(func(k *syncer.Keys) { k.Released = k.Allocated }), `Allocated and Released are both`},
 		{with(func(k *syncer.Keys) { k.Released = k.Release }), `Release and Released are both`},
+		{with(func(k *syncer.Keys) { k.Touched = k.Released }), `Released and Touched are both`},
 	} {
 		err := tc.keys.Validate()
 		require.ErrorIs(t, err, syncer.ErrInvalidKeys, "%+v", tc.keys)
@@ -55,5 +60,5 @@ func TestKeysValidate(t *testing.T) {
 	// The finalizer may equal an annotation key: they live apart.
 	require.NoError(t, with(func(k *syncer.Keys) { k.Finalizer = k.Allocated }).Validate())
 	// Names without a prefix are qualified names too.
-	require.NoError(t, syncer.Keys{Allocated: "a", Release: "b", Released: "c", Finalizer: "d"}.Validate())
+	require.NoError(t, syncer.Keys{Allocated: "a", Release: "b", Released: "c", Touched: "t", Finalizer: "d"}.Validate())
 }

@@ -68,7 +68,14 @@ type AllocationSyncer interface {
 	// ErrRecordTooLarge; so is one that Read would refuse (an invalid pod
 	// name, a pod listed twice), matching ErrMalformedRecord. Other
 	// finalizers and annotations are kept. On success it returns the claim
-	// as the server stored it, as a new object of the claim's Go type.
+	// as the server stored it, as a new object of the claim's Go type, at
+	// a resourceVersion newer than claim's: every successful Write makes a
+	// new version, even when rec and the finalizer are what claim holds
+	// already (an API server keeps the resourceVersion of a patch that
+	// changes nothing, so such a write must change something else, as
+	// AnnotationSyncer does with Keys.Touched). The allocator relies on
+	// it: the new version of a record that no longer lists a pod is what
+	// lets the pod's mark go.
 	Write(ctx context.Context, claim client.Object, rec Record, finalizer bool) (client.Object, error)
 
 	// Get reads the claim's current state from the API server itself,

@@ -39,7 +39,8 @@ type NewSyncerFunc = func(t *testing.T) (s syncer.AllocationSyncer, c client.Cli
 // syncer.AllocationSyncer: a record written reads back the same; the
 // allocation finalizer comes and goes as asked; finalizers and annotations
 // of others survive; a write from a stale object is a Conflict that
-// changes nothing; a record over the size limit is refused before it is
+// changes nothing; every write makes a new version of the claim, even one
+// that writes what the claim holds already; a record over the size limit is refused before it is
 // sent; Get reads the live object and reports a deleted claim as
 // NotFound; a malformed record read back is a *syncer.RecordError naming
 // the claim and the annotation; no method modifies the claim it is given;
@@ -59,6 +60,7 @@ func Run(t *testing.T, newSyncer NewSyncerFunc) {
 		{"FinalizerLetsDeletedClaimGo", testFinalizerDeletion},
 		{"OthersSurvive", testOthersSurvive},
 		{"StaleWriteConflicts", testStaleWrite},
+		{"EveryWriteMakesANewVersion", testNewVersion},
 		{"ConcurrentWritesFromOneObject", testConcurrentSameObject},
 		{"CallerObjectNotMutated", testNotMutated},
 		{"TooLargeRefused", testTooLarge},
@@ -362,6 +364,34 @@ func testStaleWrite(t *testing.T, e *env) {
 	out := e.mustWrite(t, current, syncer.Record{Allocated: []string{"pod-a"}}, true)
 	require.Contains(t, out.GetFinalizers(), otherFinalizer)
 	require.Equal(t, "1", out.GetLabels()[touchLabel])
+}
+
+// testNewVersion writes what the claim holds already, again and again: an
+// API server keeps the resourceVersion of a patch that changes nothing, so
+// a syncer that sends only the record would return the claim unchanged.
+func testNewVersion(t *testing.T, e *env) {
+	claim := e.create(t, "new-version", nil, nil)
+	rec := syncer.Record{Allocated: []string{"pod-a", "pod-b"}, Released: []string{"pod-b"}}
+	first := e.mustWrite(t, claim, rec, true)
+	seen := map[string]bool{claim.GetResourceVersion(): true, first.GetResourceVersion(): true}
+	require.Len(t, seen, 2, "a write that changes the record kept the resourceVersion")
+	prev := first
+	for i := range 3 {
+		out := e.mustWrite(t, prev, rec, true)
+		require.False(t, seen[out.GetResourceVersion()],
+			"write %d of what the claim holds returned resourceVersion %s, seen before", i+1, out.GetResourceVersion())
+		seen[out.GetResourceVersion()] = true
+		live := e.fetch(t, claim)
+		require.Equal(t, out.GetResourceVersion(), live.GetResourceVersion(), "write %d: not the object as stored", i+1)
+		e.requireRecord(t, live, rec)
+		require.True(t, e.s.HasFinalizer(live), "write %d: finalizer gone", i+1)
+		require.Len(t, live.GetFinalizers(), len(first.GetFinalizers()), "write %d: finalizers", i+1)
+		prev = out
+	}
+	// Such a write from a stale object is still a conflict.
+	_, err := e.write(t, first, rec, true)
+	require.True(t, apierrors.IsConflict(err), "stale write of what the claim holds: want a Conflict, got %v", err)
+	require.Equal(t, prev.GetResourceVersion(), e.fetch(t, claim).GetResourceVersion(), "the stale write changed the claim")
 }
 
 func testConcurrentSameObject(t *testing.T, e *env) {
