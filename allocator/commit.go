@@ -348,9 +348,12 @@ func (r *round) do(w *write) {
 		return
 	}
 	obj, err := s.Write(r.ctx, base, rec, fin)
-	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() {
+	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() &&
+		(obj.GetDeletionTimestamp() == nil || len(obj.GetFinalizers()) > 0) {
 		// The new version is what fences the marks of pods the record no
-		// longer lists; without one the write achieved nothing.
+		// longer lists; without one the write achieved nothing. (A write
+		// that removed the last finalizer of a deleted claim let it go:
+		// the API server returns its last state at the version replaced.)
 		w.err = fmt.Errorf("claim %s: write record: the syncer returned the claim at resourceVersion %s, the one it replaced (AllocationSyncer.Write must make a new version)",
 			w.ci.name, base.GetResourceVersion())
 		return

@@ -304,6 +304,28 @@ func TestTerminatingClaimReleasesEverythingThenLosesFinalizer(t *testing.T) {
 	require.Empty(t, f.snapshot(a, pool))
 }
 
+// A deleted claim that only the allocation finalizer keeps: the write
+// that records its pods released and removes the finalizer lets it go. The
+// API server then returns its last state at the resourceVersion the write
+// replaced, which is no failed write.
+func TestDeletedClaimGoesWithTheLastFinalizer(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	f.claim("c", "p", 2)
+	f.round(a, pool)
+	require.Len(t, f.held("c"), 2)
+	require.NoError(t, f.c.Delete(f.ctx, f.get("c")))
+
+	res := f.round(a, pool)
+	require.Len(t, res.Released, 1)
+	require.Len(t, res.Released[0].Pods, 2)
+	require.True(t, f.gone("c"), "the claim is gone")
+	res = f.round(a, pool)
+	require.Len(t, res.Idle, 3)
+	require.Empty(t, f.snapshot(a, pool))
+}
+
 func TestForceDeletedClaimPodsRecycledNeverHandedOutDirty(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 2)

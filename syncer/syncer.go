@@ -75,7 +75,9 @@ type AllocationSyncer interface {
 	// changes nothing, so such a write must change something else, as
 	// AnnotationSyncer does with Keys.Touched). The allocator relies on
 	// it: the new version of a record that no longer lists a pod is what
-	// lets the pod's mark go.
+	// lets the pod's mark go. The one exception: a write that removes the
+	// last finalizer of a claim being deleted lets the claim go, and the
+	// API server returns its last state at the resourceVersion replaced.
 	Write(ctx context.Context, claim client.Object, rec Record, finalizer bool) (client.Object, error)
 
 	// Get reads the claim's current state from the API server itself,
