@@ -57,3 +57,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	}
 	return b.String()
 }
+
+// ErrNoProto is errNoProto: a claim known only from a mark, in a pool
+// whose listing showed no claim yet, cannot be read without WithClaimType.
+var ErrNoProto = errNoProto

@@ -574,6 +574,13 @@ func (m *machine) afterRound(in allocator.Input, res allocator.Result, err error
 	if fresh && errors.Is(err, allocator.ErrUntrustedRecord) {
 		m.fatalf("round on %s: unexpected error on a current listing: %v", in.Pool, err)
 	}
+	// Nothing writes between a current listing and its round: a write that
+	// fails there, without an injected fault, is a bug (e.g. a write
+	// taken for failed although it landed). One may fail as documented: a
+	// claim known only from a mark, with no claim of its type listed yet.
+	if fresh && !faulty && errors.Is(err, allocator.ErrWrite) && !errors.Is(err, allocator.ErrNoProto) {
+		m.fatalf("round on %s: a write failed on a current listing without a fault: %v", in.Pool, err)
+	}
 	if err == nil || !errors.Is(err, allocator.ErrPoolBlocked) {
 		m.recovered[in.Pool] = true
 	}
