@@ -1,7 +1,10 @@
 // Package syncertest is a conformance suite for syncer.AllocationSyncer,
 // in the spirit of testing/fstest: run it on your own implementation, or
 // on syncer.AnnotationSyncer with your own claim type, against a real API
-// server (envtest) or controller-runtime's fake client.
+// server (envtest) or controller-runtime's fake client. Only a real API
+// server shows a syncer that breaks EveryWriteMakesANewVersion: the fake
+// client gives every patch a new resourceVersion, even one that changes
+// nothing.
 //
 // Run takes a function that, per subtest, returns the syncer under test,
 // a client on the same API server, and a factory for claims that the
