@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -348,6 +349,10 @@ func (r *round) do(w *write) {
 		return
 	}
 	obj, err := s.Write(r.ctx, base, rec, fin)
+	if err == nil && nilObject(obj) {
+		// What the write did is unknown: read back below.
+		err = fmt.Errorf("claim %s: write record: the syncer returned no claim (AllocationSyncer.Write must return the claim as stored)", w.ci.name)
+	}
 	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() &&
 		(obj.GetDeletionTimestamp() == nil || len(obj.GetFinalizers()) > 0) {
 		// The new version is what fences the marks of pods the record no
@@ -382,6 +387,15 @@ func (r *round) do(w *write) {
 		}
 	}
 	w.unknown = true
+}
+
+// nilObject reports whether o is nil or a nil pointer.
+func nilObject(o client.Object) bool {
+	if o == nil {
+		return true
+	}
+	v := reflect.ValueOf(o)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // recordPod is the pod that ci's record means by name: the pool's entry,

@@ -1254,3 +1254,26 @@ func TestSyncerWithoutNewVersionIsAnError(t *testing.T) {
 	require.Empty(t, held)
 	require.NoError(t, allocator.CheckInvariants(a))
 }
+
+// nilObjectSyncer breaks the AllocationSyncer contract: its Write returns
+// no object and no error.
+type nilObjectSyncer struct{ syncer.AllocationSyncer }
+
+func (nilObjectSyncer) Write(context.Context, client.Object, syncer.Record, bool) (client.Object, error) {
+	return (*testenv.Claim)(nil), nil
+}
+
+// A syncer whose Write returns no claim is reported as a write of unknown
+// outcome, read back, not a panic and not a hand-out.
+func TestSyncerWithoutObjectIsAnError(t *testing.T) {
+	c, pool, _ := regressionPool(t, 1, 1)
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	a, err := allocator.New(c, allocator.WithSyncer(nilObjectSyncer{s}))
+	require.NoError(t, err)
+	res, err := world.Round(context.Background(), a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	require.ErrorContains(t, err, "claim ns/c: write record: the syncer returned no claim")
+	require.Empty(t, res.Allocated)
+	require.NoError(t, allocator.CheckInvariants(a))
+}
