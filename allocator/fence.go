@@ -64,7 +64,9 @@ import (
 //     release and crashed before the unmark): the API server keeps the
 //     resourceVersion of a patch that changes nothing, and a mark known
 //     only as older than its pod's version can go only after a record
-//     version newer than that (AllocationSyncer.Write's contract).
+//     version newer than that (AllocationSyncer.Write's contract). The one
+//     write that may return the version it replaced lets a deleted claim
+//     go; marks it leaves go once the claim is found gone (fenceGone).
 
 // rvNum is a resourceVersion as a number, 0 if it is not one.
 func rvNum(rv string) uint64 {

@@ -307,7 +307,9 @@ func TestTerminatingClaimReleasesEverythingThenLosesFinalizer(t *testing.T) {
 // A deleted claim that only the allocation finalizer keeps: the write
 // that records its pods released and removes the finalizer lets it go. The
 // API server then returns its last state at the resourceVersion the write
-// replaced, which is no failed write.
+// replaced, which is no failed write (found by the quickstart, then by the
+// single-allocator machine: testdata/rapid/TestPropertyEnvtest/
+// TestPropertyEnvtest-deleted-claim-write-at-same-version.fail).
 func TestDeletedClaimGoesWithTheLastFinalizer(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 3)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -41,8 +42,12 @@ func isNoopPatch(ctx context.Context, c client.WithWatch, obj client.Object, pat
 	if err != nil {
 		return false, err
 	}
-	var p map[string]any
-	if err := json.Unmarshal(data, &p); err != nil {
+	var pre struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(data, &pre); err != nil {
 		return false, err
 	}
 	cur, ok := obj.DeepCopyObject().(client.Object)
@@ -52,64 +57,27 @@ func isNoopPatch(ctx context.Context, c client.WithWatch, obj client.Object, pat
 	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		return false, err
 	}
+	if want := pre.Metadata.ResourceVersion; want != "" && want != cur.GetResourceVersion() {
+		return false, nil // the fake client reports the conflict
+	}
 	raw, err := json.Marshal(cur)
 	if err != nil {
 		return false, err
 	}
-	var before map[string]any
+	merged, err := jsonpatch.MergePatch(raw, data)
+	if err != nil {
+		return false, err
+	}
+	var before, after any
 	if err := json.Unmarshal(raw, &before); err != nil {
 		return false, err
 	}
-	want := ""
-	if md, ok := p["metadata"].(map[string]any); ok {
-		want, _ = md["resourceVersion"].(string)
-		delete(md, "resourceVersion")
+	if err := json.Unmarshal(merged, &after); err != nil {
+		return false, err
 	}
-	after := mergePatch(deepCopyJSON(before), p)
 	if !reflect.DeepEqual(before, after) {
 		return false, nil
 	}
-	if want != "" && want != cur.GetResourceVersion() {
-		return false, nil // the fake client reports the conflict
-	}
 	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(cur).Elem())
 	return true, nil
-}
-
-// mergePatch applies a JSON merge patch (RFC 7386) to doc.
-func mergePatch(doc any, patch any) any {
-	pm, ok := patch.(map[string]any)
-	if !ok {
-		return patch
-	}
-	dm, ok := doc.(map[string]any)
-	if !ok {
-		dm = map[string]any{}
-	}
-	for k, v := range pm {
-		if v == nil {
-			delete(dm, k)
-			continue
-		}
-		dm[k] = mergePatch(dm[k], v)
-	}
-	return dm
-}
-
-func deepCopyJSON(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(v))
-		for k, x := range v {
-			out[k] = deepCopyJSON(x)
-		}
-		return out
-	case []any:
-		out := make([]any, len(v))
-		for i, x := range v {
-			out[i] = deepCopyJSON(x)
-		}
-		return out
-	}
-	return v
 }

@@ -6,6 +6,7 @@ package allocator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -1234,27 +1235,6 @@ func (noVersionSyncer) Write(_ context.Context, claim client.Object, _ syncer.Re
 	return claim.DeepCopyObject().(client.Object), nil
 }
 
-// A syncer whose writes make no new version of the claim is reported, by
-// name, as a failed write: nothing is handed out on it.
-func TestSyncerWithoutNewVersionIsAnError(t *testing.T) {
-	c, pool, _ := regressionPool(t, 1, 1)
-	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
-	require.NoError(t, err)
-	a, err := allocator.New(c, allocator.WithSyncer(noVersionSyncer{s}))
-	require.NoError(t, err)
-	res, err := world.Round(context.Background(), a, c, pool)
-	require.ErrorIs(t, err, allocator.ErrWrite)
-	require.ErrorContains(t, err, "claim ns/c: write record: the syncer returned the claim at resourceVersion")
-	require.Empty(t, res.Allocated)
-	var pod corev1.Pod
-	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "p-0"}, &pod))
-	require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey], "the failed hand-out's mark is gone")
-	held, err := a.Store().Held(pool, "uid-c")
-	require.NoError(t, err)
-	require.Empty(t, held)
-	require.NoError(t, allocator.CheckInvariants(a))
-}
-
 // nilObjectSyncer breaks the AllocationSyncer contract: its Write returns
 // no object and no error.
 type nilObjectSyncer struct{ syncer.AllocationSyncer }
@@ -1263,17 +1243,104 @@ func (nilObjectSyncer) Write(context.Context, client.Object, syncer.Record, bool
 	return (*testenv.Claim)(nil), nil
 }
 
-// A syncer whose Write returns no claim is reported as a write of unknown
-// outcome, read back, not a panic and not a hand-out.
-func TestSyncerWithoutObjectIsAnError(t *testing.T) {
-	c, pool, _ := regressionPool(t, 1, 1)
-	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
-	require.NoError(t, err)
-	a, err := allocator.New(c, allocator.WithSyncer(nilObjectSyncer{s}))
-	require.NoError(t, err)
-	res, err := world.Round(context.Background(), a, c, pool)
-	require.ErrorIs(t, err, allocator.ErrWrite)
-	require.ErrorContains(t, err, "claim ns/c: write record: the syncer returned no claim")
-	require.Empty(t, res.Allocated)
-	require.NoError(t, allocator.CheckInvariants(a))
+// A syncer that breaks the Write contract gets a failed write naming the
+// claim, not a panic and not a hand-out: one whose write makes no new
+// version of the claim (the write achieved nothing: the pod's mark goes),
+// and one that returns no claim (an unknown outcome, read back: nothing
+// landed).
+func TestSyncerBreakingWriteContractIsAnError(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		wrap     func(syncer.AllocationSyncer) syncer.AllocationSyncer
+		msg      string
+		markGone bool
+	}{
+		{"no new version", func(s syncer.AllocationSyncer) syncer.AllocationSyncer { return noVersionSyncer{s} },
+			"claim ns/c: write record: the syncer returned the claim at resourceVersion", true},
+		{"no claim", func(s syncer.AllocationSyncer) syncer.AllocationSyncer { return nilObjectSyncer{s} },
+			"claim ns/c: write record: the syncer returned no claim", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, pool, _ := regressionPool(t, 1, 1)
+			s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+			require.NoError(t, err)
+			a, err := allocator.New(c, allocator.WithSyncer(tc.wrap(s)))
+			require.NoError(t, err)
+			res, err := world.Round(context.Background(), a, c, pool)
+			require.ErrorIs(t, err, allocator.ErrWrite)
+			require.ErrorContains(t, err, tc.msg)
+			require.Empty(t, res.Allocated)
+			held, err := a.Store().Held(pool, "uid-c")
+			require.NoError(t, err)
+			require.Empty(t, held)
+			require.Empty(t, recordOn(t, c, "c").Held())
+			if tc.markGone {
+				var pod corev1.Pod
+				require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "p-0"}, &pod))
+				require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey], "the failed hand-out's mark is gone")
+			}
+			require.NoError(t, allocator.CheckInvariants(a))
+		})
+	}
+}
+
+// A hand-out whose record write had an unknown outcome (it did not land)
+// leaves the pod reserved for the claim, and the claim's next write carries
+// it again. It may only when the claim may still get the pod: not once the
+// pod went unready, nor beyond what the claim now wants. Before, the
+// reserved pod rode along into the record regardless (the single-allocator
+// machine; kept as testdata/rapid/TestPropertyFake/TestPropertyFake-ride-along.fail).
+// Without pod marks only this check keeps the pod out; with marks the
+// write's mark check does too.
+func TestRegressionReservedPodRidesAlongOnlyWhenItMayBeHanded(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, c client.Client, cl *testenv.Claim, pod string)
+	}{
+		{"pod unready", func(t *testing.T, c client.Client, _ *testenv.Claim, pod string) {
+			var p corev1.Pod
+			require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: pod}, &p))
+			require.NoError(t, testenv.SetPodReady(context.Background(), c, &p, false))
+		}},
+		{"want lowered", func(t *testing.T, c client.Client, cl *testenv.Claim, _ string) {
+			setReplicas(t, c, cl, 0)
+		}},
+	} {
+		for _, marks := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/marks=%t", tc.name, marks), func(t *testing.T) {
+				ctx := context.Background()
+				var timeout atomic.Bool
+				c := newFakeClient(t, &interceptor.Funcs{
+					Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+						if _, claim := obj.(*testenv.Claim); claim && timeout.CompareAndSwap(true, false) {
+							return apierrors.NewTimeoutError("injected: the write was not sent", 1)
+						}
+						return c.Patch(ctx, obj, patch, opts...)
+					},
+				})
+				c, pool, cl := regressionPoolOn(t, c, 1, 1)
+				var opts []allocator.Option
+				if !marks {
+					opts = append(opts, allocator.WithoutPodMarks())
+				}
+				a, err := allocator.New(c, opts...)
+				require.NoError(t, err)
+				timeout.Store(true)
+				_, err = world.Round(ctx, a, c, pool)
+				require.ErrorIs(t, err, allocator.ErrWrite)
+				require.Empty(t, recordOn(t, c, "c").Held(), "the first write did not land")
+
+				tc.change(t, c, cl, "p-0")
+				for range 2 {
+					_, err = world.Round(ctx, a, c, pool)
+					require.NoError(t, err)
+					require.NoError(t, allocator.CheckInvariants(a))
+					require.Empty(t, recordOn(t, c, "c").Held(), "the reserved pod must not ride along")
+					held, err := a.Store().Held(pool, "uid-c")
+					require.NoError(t, err)
+					require.Empty(t, held)
+				}
+			})
+		}
+	}
 }
