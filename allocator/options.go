@@ -131,7 +131,12 @@ type config struct {
 func WithStore(s store.AllocationStore) Option { return optionFunc(func(c *config) { c.store = s }) }
 
 // WithSyncer replaces the annotation syncer. It cannot be combined with
-// WithKeys or WithAPIReader, which configure the default syncer.
+// WithKeys or WithAPIReader, which configure the default syncer. s must keep
+// the syncer.AllocationSyncer contract (check it with syncertest on a real
+// API server): in particular every successful Write makes a new version of
+// the claim. A write that returns the version it replaced is reported as a
+// failed write naming the claim, and the pods it releases stay marked
+// until a write does.
 func WithSyncer(s syncer.AllocationSyncer) Option {
 	return optionFunc(func(c *config) { c.syncer = s })
 }
