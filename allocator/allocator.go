@@ -24,7 +24,15 @@ type Claim struct {
 	// resourceVersion, creation and deletion timestamps and annotations are
 	// read. It is never modified.
 	Object client.Object
-	// Want is the number of pods the claim wants to hold.
+	// Want is the number of pods the claim wants to hold. Want and
+	// Priority are read in every round that lists the claim, also when the
+	// object is unchanged since the last: they may come from anywhere (the
+	// object, another resource, a policy). They are not read from an object
+	// older than the newest version of the claim the allocator knows (from
+	// its own writes or an earlier listing): a lagging cache's stale copy
+	// must not hand out or take back pods (DESIGN I7). Such a claim keeps
+	// the Want and Priority last read until a listing shows that version or
+	// a newer one.
 	Want int
 	// Priority orders claims when the pool is short: higher first.
 	Priority int32
@@ -93,6 +101,13 @@ type Result struct {
 	Idle []string
 	// IdleCount is the number of idle pods.
 	IdleCount int
+	// Starting is the number of the pool's pods that are not ready yet and
+	// may still become idle: listed, not terminating, not Succeeded or
+	// Failed, and held, marked, reserved or recycled for no claim. A
+	// caller that creates pods for the Shortfall creates Shortfall -
+	// Starting of them (never fewer than none): pods that are unready
+	// because a claim holds them, or on their way out, do not count.
+	Starting int
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
 	Shortfall int
@@ -330,6 +345,8 @@ type pool struct {
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
 	free []algorithm.Candidate
+	// nStarting counts the pods with podInfo.starting set.
+	nStarting int
 	// offer is the copy of free handed to the algorithm, kept to reuse
 	// its memory.
 	offer  []algorithm.Candidate
@@ -464,8 +481,11 @@ type podTomb struct {
 	until time.Time
 }
 
-func (p *pool) addPod(pi *podInfo)          { p.podSeen.add(pi) }
-func (p *pool) removePod(pi *podInfo)       { p.podSeen.remove(pi) }
+func (p *pool) addPod(pi *podInfo) { p.podSeen.add(pi) }
+func (p *pool) removePod(pi *podInfo) {
+	p.setStarting(pi, false)
+	p.podSeen.remove(pi)
+}
 func (p *pool) seePod(pi *podInfo)          { p.podSeen.see(pi, p.gen) }
 func (p *pool) podSeenNow(pi *podInfo) bool { return p.podSeen.seenIn(pi, p.gen) }
 
@@ -513,6 +533,10 @@ type podInfo struct {
 	// recycled once the recycler reported it done, so that a failed
 	// release write does not recycle it twice.
 	recycling, recycled bool
+	// ending is set while the listed pod is terminating or has finished
+	// (phase Succeeded or Failed): it will not become ready. starting is
+	// set while the pod counts in pool.nStarting (pool.isStarting).
+	ending, starting bool
 
 	// place is the pod's node and zone, shared with the pool's other pods
 	// there.
@@ -666,8 +690,35 @@ func (p *pool) candidate(pi *podInfo) bool { return p.candidateHeldBy(pi, p.hold
 
 // candidateHeldBy is candidate for a pod whose holder is known.
 func (p *pool) candidateHeldBy(pi *podInfo, holder *claimInfo) bool {
-	return holder == nil && pi.present && pi.ready && !pi.recycling && pi.reservedBy() == nil &&
+	return pi.ready && p.offerable(pi, holder)
+}
+
+// offerable reports whether pi, whose holder is known, would be a candidate
+// if it were ready: present, unheld, not recycling, reserved, marked,
+// settling or named by a stray record, and the entry under its name.
+func (p *pool) offerable(pi *podInfo, holder *claimInfo) bool {
+	return holder == nil && pi.present && !pi.recycling && pi.reservedBy() == nil &&
 		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name] == pi
+}
+
+// isStarting reports whether pi counts in Result.Starting: offerable, not
+// ready, and neither terminating nor finished, so that it may still become
+// ready.
+func (p *pool) isStarting(pi *podInfo, holder *claimInfo) bool {
+	return !pi.ready && !pi.ending && p.offerable(pi, holder)
+}
+
+// setStarting keeps pi.starting and pool.nStarting up to date.
+func (p *pool) setStarting(pi *podInfo, starting bool) {
+	if pi.starting == starting {
+		return
+	}
+	pi.starting = starting
+	if starting {
+		p.nStarting++
+	} else {
+		p.nStarting--
+	}
 }
 
 // refreshFree puts pi in or out of the free list to match candidate(), and
@@ -686,6 +737,7 @@ func (p *pool) refreshFree(pi *podInfo) {
 			p.dirty[holder] = struct{}{}
 		}
 	}
+	p.setStarting(pi, p.isStarting(pi, holder))
 	want := p.candidateHeldBy(pi, holder)
 	switch {
 	case want && pi.freeIdx < 0:

@@ -657,7 +657,7 @@ func (r *round) apply(w *write) {
 // the free list and the recycling and lost sets, not the whole pool.
 func (r *round) report() {
 	res, p := r.res, r.p
-	res.IdleCount, res.Idle = len(p.free), nil
+	res.IdleCount, res.Idle, res.Starting = len(p.free), nil, p.nStarting
 	if r.listIdle {
 		res.Idle = make([]string, len(p.free))
 		for i, c := range p.free {

@@ -10,9 +10,10 @@ import (
 
 // checkInvariants checks that every pool's state is consistent with itself
 // and with the store, the index of holdings: the free list holds exactly
-// the candidates, each held pod's holder and the store agree, and the sets
+// the candidates, each held pod's holder and the store agree, the sets
 // the rounds visit (recycling, reserved, settling, lost) hold exactly the
-// pods whose state says so. Tests and the property machine call it after
+// pods whose state says so, and the starting count (Result.Starting) counts
+// exactly the pods that may still become candidates. Tests and the property machine call it after
 // every step; it takes each pool's lock in turn, skipping pools whose round
 // is in progress.
 func (a *defaultAllocator) checkInvariants() error {
@@ -168,10 +169,20 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	if len(p.claimSeen) != len(p.claims) {
 		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), len(p.claims))
 	}
+	starting := 0
 	for i, s := range p.podSeen {
 		if int(s.v.idx) != i {
 			bad("podSeen[%d] %s has index %d", i, s.v.name, s.v.idx)
 		}
+		if want := p.isStarting(s.v, p.holderOf(s.v)); s.v.starting != want {
+			bad("pod %s (uid %s): starting %t, should be %t", s.v.name, s.v.uid, s.v.starting, want)
+		}
+		if s.v.starting {
+			starting++
+		}
+	}
+	if starting != p.nStarting {
+		bad("%d pods are starting, the pool counts %d", starting, p.nStarting)
 	}
 	for name, pi := range p.reserved {
 		if p.pods[name] != pi || pi.reservedBy() == nil {

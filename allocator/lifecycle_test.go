@@ -239,6 +239,77 @@ func TestScaleUpAndDown(t *testing.T) {
 	require.Len(t, f.snapshot(a, pool), 1)
 }
 
+// TestWantAndPriorityAreInputsOfEveryRound raises a claim's Want, then its
+// Priority, while its object stays unchanged: Want and Priority need not
+// come from the object, and are read in every round, through Round and
+// Update alike.
+func TestWantAndPriorityAreInputsOfEveryRound(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc()
+	f.claim("c", "p", 1)
+	f.claim("d", "p", 1)
+	// want maps claim names to the Want and Priority the caller computes
+	// from elsewhere (a policy, another resource), not from the object.
+	type ask struct {
+		want     int
+		priority int32
+	}
+	asks := map[string]ask{"c": {1, 0}, "d": {1, 0}}
+	round := func() allocator.Result {
+		t.Helper()
+		in, err := world.Input(f.ctx, f.c, pool)
+		require.NoError(t, err)
+		for i := range in.Claims {
+			ask := asks[in.Claims[i].Object.GetName()]
+			in.Claims[i].Want, in.Claims[i].Priority = ask.want, ask.priority
+		}
+		res, err := a.Round(f.ctx, in)
+		require.NoError(t, err)
+		require.NoError(t, allocator.CheckInvariants(a))
+		return res
+	}
+	round()
+	require.Len(t, f.held("c"), 1)
+	require.Len(t, f.held("d"), 1)
+
+	// Want rises from 1 to 2 on an unchanged object: served.
+	rv := f.get("c").ResourceVersion
+	asks["c"] = ask{2, 0}
+	res := round()
+	require.NotEqual(t, rv, f.get("c").ResourceVersion, "the record was written")
+	require.Len(t, f.held("c"), 2)
+	require.Zero(t, res.Shortfall)
+
+	// The pool is full: d asking for one more is short.
+	asks["d"] = ask{2, 0}
+	res = round()
+	require.Equal(t, 1, res.Shortfall)
+
+	// c gives one back; both then ask for one more, d at a higher priority
+	// on an unchanged object: d, the younger claim, gets the free pod.
+	asks["c"] = ask{1, 0}
+	round() // c's surplus is recycled and released
+	require.Len(t, f.held("c"), 1)
+	asks["c"], asks["d"] = ask{2, 0}, ask{2, 5}
+	res = round()
+	require.Len(t, f.held("d"), 2, "d's raised priority was read from the input")
+	require.Len(t, f.held("c"), 1)
+	require.Equal(t, 1, res.Shortfall)
+
+	// Through Update: d's Want falls, c's rises, on unchanged objects.
+	update := func(name string, want int, priority int32) {
+		t.Helper()
+		_, err := a.Update(f.ctx, allocator.Changes{Pool: pool, Claims: []allocator.Claim{{Object: f.get(name), Want: want, Priority: priority}}})
+		require.NoError(t, err)
+		require.NoError(t, allocator.CheckInvariants(a))
+	}
+	update("d", 1, 5)
+	require.Len(t, f.held("d"), 1)
+	update("c", 2, 0)
+	require.Len(t, f.held("c"), 2)
+}
+
 func TestReleaseRequestHonouredOnlyForHeldPods(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 4)

@@ -1344,3 +1344,39 @@ func TestRegressionReservedPodRidesAlongOnlyWhenItMayBeHanded(t *testing.T) {
 		}
 	}
 }
+
+// A stale listing of a claim (older than the version the allocator wrote)
+// with a higher Want than the newest one: Want is read from every Claim
+// (issue 10), but not from a stale copy, which would hand out an extra pod
+// (DESIGN I7). Found by the single-allocator machine while Want became an
+// input of every round (testdata/rapid/TestPropertyFake/
+// TestPropertyFake-stale-listing-want.fail).
+func TestRegressionStaleListingWantIsNotTaken(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 4)
+	a := f.alloc()
+	f.claim("c", "p", 3)
+	f.round(a, pool)
+	require.Len(t, f.held("c"), 3)
+	stale, err := world.Input(f.ctx, f.c, pool) // c at want 3
+	require.NoError(t, err)
+
+	f.scale("c", 1)
+	f.round(a, pool)
+	require.Len(t, f.held("c"), 1)
+
+	res, err := a.Round(f.ctx, stale)
+	require.NoError(t, err)
+	require.Empty(t, res.Allocated, "a stale copy's Want handed out pods")
+	require.Len(t, f.held("c"), 1)
+	require.NoError(t, allocator.CheckInvariants(a))
+
+	// The same version with another Want is read, though.
+	in, err := world.Input(f.ctx, f.c, pool)
+	require.NoError(t, err)
+	in.Claims[0].Want = 2
+	res, err = a.Round(f.ctx, in)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+	require.Len(t, f.held("c"), 2)
+}

@@ -474,7 +474,8 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			st.seen = p.gen
 			h.next = int(ci.idx) + 1
-			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed {
+			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed ||
+				hd.rv == ci.rv && (int64(chunk[j].Want) != int64(ci.want) || chunk[j].Priority != ci.priority) {
 				if !checked && chunk[j].Object.GetNamespace() != p.name.Namespace {
 					return nil, nil, checkClaim(p.name, i, chunk[j])
 				}
@@ -618,6 +619,7 @@ func (r *round) observePod(pod *corev1.Pod) {
 		}
 	}
 	pi.ready = r.a.cfg.ready(pod)
+	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	node, zone := pod.Spec.NodeName, ""
 	if pi.place != nil {
 		zone = pi.place.zone
@@ -886,7 +888,9 @@ func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
 
 // observeClaim records a claim of the listing. Only a claim whose
 // resourceVersion is new to the allocator is decoded: an older version than
-// one the allocator wrote carries a resourceVersion it already saw.
+// one the allocator wrote carries a resourceVersion it already saw. Want and
+// Priority are taken from every Claim at the version known or newer (scan
+// passes on a claim whose Want or Priority changed as changed).
 func (r *round) observeClaim(c Claim) error {
 	p := r.p
 	o := c.Object
@@ -934,6 +938,16 @@ func (r *round) observeClaim(c Claim) error {
 		}
 		p.dirty[ci] = struct{}{}
 	case !ci.listed:
+		p.dirty[ci] = struct{}{}
+	}
+	if rv == ci.rv && (int64(c.Want) != int64(ci.want) || c.Priority != ci.priority) {
+		// Want and Priority are the caller's, inputs of every round: they
+		// may come from anywhere, not only from the object, so they are
+		// taken also from an object whose record is not decoded again. Not
+		// from an object older than the version known, though (a lagging
+		// listing, DESIGN I7): what the caller made of it is older too,
+		// and would hand out or take back pods on a stale word.
+		ci.want, ci.priority = int32(c.Want), c.Priority
 		p.dirty[ci] = struct{}{}
 	}
 	p.seeClaim(ci)

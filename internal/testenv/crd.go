@@ -188,12 +188,19 @@ func CRDs() []*apiextensionsv1.CustomResourceDefinition {
 			"poolRef":  {Type: "string"},
 			"replicas": nonNegative,
 			"priority": integer,
-		}),
+		}, ".spec.poolRef"),
 	}
 }
 
-func crd(kind, plural string, spec map[string]apiextensionsv1.JSONSchemaProps) *apiextensionsv1.CustomResourceDefinition {
+// crd returns a CRD of kind with the given spec properties; selectable are
+// the JSON paths a field selector may name (spec.poolRef, so that a plain
+// client lists a pool's claims as an indexed cache would).
+func crd(kind, plural string, spec map[string]apiextensionsv1.JSONSchemaProps, selectable ...string) *apiextensionsv1.CustomResourceDefinition {
 	singular := plural[:len(plural)-1]
+	var fields []apiextensionsv1.SelectableField
+	for _, path := range selectable {
+		fields = append(fields, apiextensionsv1.SelectableField{JSONPath: path})
+	}
 	return &apiextensionsv1.CustomResourceDefinition{
 		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + Group},
 		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
@@ -224,6 +231,7 @@ func crd(kind, plural string, spec map[string]apiextensionsv1.JSONSchemaProps) *
 				Subresources: &apiextensionsv1.CustomResourceSubresources{
 					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
 				},
+				SelectableFields: fields,
 			}},
 		},
 	}
