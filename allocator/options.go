@@ -7,10 +7,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -307,7 +307,7 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		if c == nil {
 			return nil, fmt.Errorf("%w: pod marks need a client (or WithoutPodMarks)", ErrInvalidOption)
 		}
-		if errs := validation.IsQualifiedName(cfg.markKey); len(errs) > 0 {
+		if errs := content.IsLabelKey(cfg.markKey); len(errs) > 0 {
 			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))
 		}
 	}

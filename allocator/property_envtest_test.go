@@ -47,5 +47,5 @@ func TestPropertyEnvtest(t *testing.T) {
 		}
 		return out, cleanup, nil
 	}
-	runProperty(t, b, steps)
+	runProperty(t, b, steps, false)
 }

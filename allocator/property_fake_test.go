@@ -37,5 +37,5 @@ func TestPropertyFake(t *testing.T) {
 		b.raw, b.base = c, c
 		return [2]string{"ns-a", "ns-b"}, func() {}, nil
 	}
-	runProperty(t, b, steps)
+	runProperty(t, b, steps, true)
 }

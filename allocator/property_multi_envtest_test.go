@@ -35,5 +35,5 @@ func TestPropertyMultiEnvtest(t *testing.T) {
 			}
 		}
 		return mmWorld{raw: env.Client, base: base, ns: ns.Name, cleanup: cleanup}, nil
-	}, steps)
+	}, steps, false)
 }

@@ -38,5 +38,5 @@ func TestPropertyMultiFake(t *testing.T) {
 			WithGlobalResourceVersionCounter().
 			WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build())
 		return mmWorld{raw: c, base: c, ns: "ns", fakeUIDs: true, cleanup: func() {}}, nil
-	}, steps)
+	}, steps, true)
 }

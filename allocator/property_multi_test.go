@@ -2038,14 +2038,15 @@ func (m *mmMachine) actions() map[string]func(*rapid.T) {
 }
 
 // runMultiProperty runs the machine under rapid.Check and logs the counts.
-func runMultiProperty(t *testing.T, backend mmBackend, minSteps int) {
+// exact is set for a world on the fake client (see keptReplays).
+func runMultiProperty(t *testing.T, backend mmBackend, minSteps int, exact bool) {
 	stats := &mmStats{}
 	start := time.Now()
 	var id atomic.Int64
 	t.Cleanup(func() {
 		t.Logf("property %s: %v in %s (histories of at least %d steps but for a few that stop early)", t.Name(), stats, time.Since(start).Round(time.Millisecond), minSteps)
 	})
-	rapid.Check(t, func(rt *rapid.T) {
+	rapid.Check(keptReplays{T: t, exact: exact}, func(rt *rapid.T) {
 		m := newMMMachine(rt, backend, stats, int(id.Add(1)))
 		defer m.w.cleanup()
 		defer m.stopAll()

@@ -68,7 +68,7 @@ func (k Keys) Validate() error {
 		if f.value == "" {
 			return fmt.Errorf("%w: %s is empty", ErrInvalidKeys, f.name)
 		}
-		if msgs := content.IsQualifiedName(f.value); len(msgs) > 0 {
+		if msgs := content.IsLabelKey(f.value); len(msgs) > 0 {
 			return fmt.Errorf("%w: %s %q: %s", ErrInvalidKeys, f.name, f.value, strings.Join(msgs, "; "))
 		}
 	}

@@ -274,7 +274,7 @@ func checkAction(in algorithm.Input, act algorithm.Action) error {
 	}
 
 	if want := totalNeed - total; act.Shortfall != want {
-		return fmt.Errorf("Shortfall %d, want %d (total need %d, allocated %d)", act.Shortfall, want, totalNeed, total)
+		return fmt.Errorf("shortfall %d, want %d (total need %d, allocated %d)", act.Shortfall, want, totalNeed, total)
 	}
 	if act.Shortfall > 0 && total < len(in.Candidates) {
 		return fmt.Errorf("not work-conserving: Shortfall %d while %d of %d candidates stay free",

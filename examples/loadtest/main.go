@@ -13,7 +13,9 @@
 // holds its pod or -timeout passes. It reports the time from the first
 // create to the last allocation, claims/s, per-claim latency (and where it
 // was spent), rounds, writes to claims per allocated claim, CPU time and
-// peak memory, then removes the namespace (also on Ctrl-C).
+// peak memory, checks the records on the API server (each claim one pod, no
+// pod twice), then removes the namespace (also on Ctrl-C). It fails when a
+// claim is not served within -timeout or a record check fails.
 //
 // Flags: -claims, -pods, -concurrency (claims created at once), -timeout,
 // -write-concurrency (allocator.WithWriteConcurrency) and -cpuprofile. A
@@ -59,6 +61,8 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/cluster"
 	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/syncer"
 )
 
 // target is the goal of the issue: 1,000 single-pod claims on a 1,200-pod
@@ -129,6 +133,40 @@ func run(ctx context.Context, f flags) (err error) {
 		return err
 	}
 	t.report()
+	if n := int(t.nAllocated.Load()); n < f.claims {
+		return fmt.Errorf("%d of %d claims allocated within -timeout %s", n, f.claims, f.timeout)
+	}
+	return verify(ctx, c, pool, f.claims)
+}
+
+// verify checks the records on the API server: every claim holds exactly
+// one pod, and no pod is in two claims' records.
+func verify(ctx context.Context, c client.Client, pool types.NamespacedName, claims int) error {
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	if err != nil {
+		return err
+	}
+	holdings, err := world.Holdings(ctx, c, pool, func(o client.Object) ([]string, error) {
+		rec, err := s.Read(o)
+		return rec.Held(), err
+	})
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if len(holdings) != claims {
+		return fmt.Errorf("verify: %d claims on the server, want %d", len(holdings), claims)
+	}
+	holder := make(map[string]string, claims)
+	for claim, pods := range holdings {
+		if len(pods) != 1 {
+			return fmt.Errorf("verify: claim %s's record holds %v, want one pod", claim, pods)
+		}
+		if other, ok := holder[pods[0]]; ok {
+			return fmt.Errorf("verify: pod %s is in the records of claims %s and %s", pods[0], other, claim)
+		}
+		holder[pods[0]] = claim
+	}
+	fmt.Printf("verified: %d claims hold one pod each, no pod twice\n", claims)
 	return nil
 }
 

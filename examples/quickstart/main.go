@@ -81,7 +81,8 @@ func run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := d.step(ctx, a, "1. six Ready pods; alpha (typed), beta (unstructured) and gamma want 2+2+3"); err != nil {
+	if err := d.step(ctx, a, "1. six Ready pods; alpha (typed), beta (unstructured) and gamma want 2+2+3",
+		expect{held: map[string]int{"alpha": 2, "beta": 2, "gamma": 2}, shortfall: 1}); err != nil {
 		return err
 	}
 
@@ -102,7 +103,8 @@ func run(ctx context.Context) (err error) {
 	if err := c.Patch(ctx, alpha, client.MergeFrom(orig)); err != nil {
 		return fmt.Errorf("release a pod of alpha: %w", err)
 	}
-	if err := d.step(ctx, a, "2. alpha gives back "+held[0]+" and now wants 1"); err != nil {
+	if err := d.step(ctx, a, "2. alpha gives back "+held[0]+" and now wants 1",
+		expect{held: map[string]int{"alpha": 1, "beta": 2, "gamma": 2}, recycling: 1, shortfall: 1}); err != nil {
 		return err
 	}
 
@@ -119,10 +121,14 @@ func run(ctx context.Context) (err error) {
 		if gone {
 			title = fmt.Sprintf("3.%d beta's pods are released: the finalizer is off and beta is gone", i)
 		}
-		if err := d.print(title, a, res, claims); err != nil {
+		held, err := d.print(title, a, res, claims)
+		if err != nil {
 			return err
 		}
 		if gone && len(res.Recycling) == 0 {
+			if err := (expect{held: map[string]int{"alpha": 1, "gamma": 3}}).check(title, held, res); err != nil {
+				return err
+			}
 			break
 		}
 		if i == 10 {
@@ -139,7 +145,8 @@ func run(ctx context.Context) (err error) {
 	if a, err = allocator.New(c, allocator.WithRecycler(newScrubber())); err != nil {
 		return err
 	}
-	if err := d.step(ctx, a, "4. restart: a new allocator, first round"); err != nil {
+	if err := d.step(ctx, a, "4. restart: a new allocator, first round",
+		expect{held: map[string]int{"alpha": 1, "gamma": 3}}); err != nil {
 		return err
 	}
 	after, err := a.Store().Snapshot(d.pool)
@@ -195,20 +202,59 @@ func (d demo) round(ctx context.Context, a allocator.Allocator) (allocator.Resul
 	return res, after.Claims, err
 }
 
-func (d demo) step(ctx context.Context, a allocator.Allocator, title string) error {
+// step runs a round, prints it and checks it against what the walkthrough
+// expects.
+func (d demo) step(ctx context.Context, a allocator.Allocator, title string, want expect) error {
 	res, claims, err := d.round(ctx, a)
 	if err != nil {
 		return err
 	}
-	return d.print(title, a, res, claims)
+	held, err := d.print(title, a, res, claims)
+	if err != nil {
+		return err
+	}
+	return want.check(title, held, res)
+}
+
+// expect is what a step of the walkthrough should show: how many pods
+// each claim holds (not counting those being recycled), how many are being
+// recycled, and the shortfall.
+type expect struct {
+	held                 map[string]int
+	recycling, shortfall int
+}
+
+func (e expect) check(title string, held map[string][]string, res allocator.Result) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(e.held)) {
+		if got := len(held[name]); got != e.held[name] {
+			errs = append(errs, fmt.Errorf("claim %s holds %d pods, want %d", name, got, e.held[name]))
+		}
+	}
+	for name := range held {
+		if _, ok := e.held[name]; !ok {
+			errs = append(errs, fmt.Errorf("claim %s holds %s, want nothing", name, list(held[name])))
+		}
+	}
+	if len(res.Recycling) != e.recycling {
+		errs = append(errs, fmt.Errorf("%d pods recycling, want %d", len(res.Recycling), e.recycling))
+	}
+	if res.Shortfall != e.shortfall {
+		errs = append(errs, fmt.Errorf("shortfall %d, want %d", res.Shortfall, e.shortfall))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("step %q: %w", title, err)
+	}
+	return nil
 }
 
 // print shows who holds what: a line per claim, then the idle and
-// recycling pods and how many pods the pool is short.
-func (d demo) print(title string, a allocator.Allocator, res allocator.Result, claims []allocator.Claim) error {
+// recycling pods and how many pods the pool is short. It returns the pods
+// each claim holds, not counting those being recycled.
+func (d demo) print(title string, a allocator.Allocator, res allocator.Result, claims []allocator.Claim) (map[string][]string, error) {
 	snap, err := a.Store().Snapshot(d.pool)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	held := map[string][]string{}
 	for pod, h := range snap {
@@ -231,7 +277,7 @@ func (d demo) print(title string, a allocator.Allocator, res allocator.Result, c
 		fmt.Fprintf(w, "  %s\t%s\t%s\n", cl.Object.GetName(), wants, list(held[cl.Object.GetName()]))
 	}
 	fmt.Fprintf(w, "  idle\t\t%s\n  recycling\t\t%s\n  shortfall\t\t%d\n", list(res.Idle), list(recycling), res.Shortfall)
-	return w.Flush()
+	return held, w.Flush()
 }
 
 func list(pods []string) string {

@@ -283,10 +283,11 @@ func cacheKey(tools string) (string, error) {
 	return fmt.Sprintf("k8s-%s-etcd-%s-%s", KubeVersion, EtcdVersion, sum[:12]), nil
 }
 
-// goCommand returns the go command of the toolchain that built this binary
-// if it is still there, else the one on PATH.
+// goCommand returns the go command of the toolchain the environment names
+// (GOROOT, which the go command sets for what it runs) if it is there, else
+// the one on PATH.
 func goCommand() (string, error) {
-	if root := runtime.GOROOT(); root != "" {
+	if root := os.Getenv("GOROOT"); root != "" {
 		p := filepath.Join(root, "bin", "go")
 		if isExecutable(p) {
 			return p, nil
