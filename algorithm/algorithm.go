@@ -36,11 +36,26 @@ type Request struct {
 	// Release lists pods of Held that the claim's owner gives back. The
 	// allocator has checked that each one is in Held.
 	Release []string
+	// Avoid lists pods the claim gave back recently (its owner still lists
+	// them as released). A strategy should give the claim other candidates
+	// first and one of these only when no other is left, so that a claim
+	// that releases a pod without lowering its Want (to replace a pod it
+	// found broken, say) does not get the same pod straight back. Packed
+	// and Spread do.
+	Avoid []string
 	// Priority orders claims: higher first.
 	Priority int32
 	// Created is the claim's creation time: among equal priorities, older
 	// first.
 	Created time.Time
+	// Arrival is the order in which the caller first saw the claim, lower
+	// first: among equal priorities and creation times (which the API
+	// server keeps to the second), the claim that arrived first is served
+	// first. The allocator numbers claims in the order it first saw them
+	// (and, among claims first seen in one listing, by resourceVersion); it
+	// is an input like the others, so a strategy's output stays a function
+	// of its input.
+	Arrival uint64
 }
 
 // Input is everything an algorithm may look at.

@@ -40,6 +40,12 @@ func candidates(names ...string) []algorithm.Candidate {
 
 // request returns a request of claim ns/name with UID "uid-"+name, created
 // age minutes after t0.
+// arrived sets r's Arrival.
+func arrived(r algorithm.Request, n uint64) algorithm.Request {
+	r.Arrival = n
+	return r
+}
+
 func request(name string, want int, age int) algorithm.Request {
 	return algorithm.Request{
 		UID:     types.UID("uid-" + name),
@@ -143,6 +149,11 @@ func TestOrder(t *testing.T) {
 			name:   "older before newer at equal priority",
 			reqs:   []algorithm.Request{request("newer", 1, 2), request("older", 1, 1)},
 			winner: "uid-older",
+		},
+		{
+			name:   "earlier arrival before name at equal age",
+			reqs:   []algorithm.Request{arrived(request("a", 1, 0), 2), arrived(request("z", 1, 0), 1)},
+			winner: "uid-z",
 		},
 		{
 			name:   "namespace before name at equal age",
@@ -362,5 +373,48 @@ func BenchmarkPlan(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// TestAvoidedPodsGoLast checks that both strategies give a claim the pods
+// it gave back recently (Avoid) only when no other candidate is left, and
+// that those pods stay available to other claims.
+func TestAvoidedPodsGoLast(t *testing.T) {
+	avoiding := func(r algorithm.Request, pods ...string) algorithm.Request {
+		r.Avoid = pods
+		return r
+	}
+	for _, s := range strategies {
+		t.Run(s.name, func(t *testing.T) {
+			for _, c := range []struct {
+				name       string
+				candidates []algorithm.Candidate
+				reqs       []algorithm.Request
+				want       map[types.UID][]string
+			}{
+				{"another pod first", candidates("p1", "p2"),
+					[]algorithm.Request{avoiding(request("a", 1, 0), "p1")},
+					map[types.UID][]string{"uid-a": {"p2"}}},
+				{"the avoided pod when no other is left", candidates("p1"),
+					[]algorithm.Request{avoiding(request("a", 1, 0), "p1")},
+					map[types.UID][]string{"uid-a": {"p1"}}},
+				{"the avoided pod last", candidates("p1", "p2"),
+					[]algorithm.Request{avoiding(request("a", 2, 0), "p1")},
+					map[types.UID][]string{"uid-a": {"p2", "p1"}}},
+				{"the avoided pod to the next claim", candidates("p1", "p2"),
+					[]algorithm.Request{avoiding(request("a", 1, 0), "p1"), request("b", 1, 1)},
+					map[types.UID][]string{"uid-a": {"p2"}, "uid-b": {"p1"}}},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					act, err := s.alg.Plan(algorithm.Input{Candidates: c.candidates, Requests: c.reqs})
+					require.NoError(t, err)
+					got := map[types.UID][]string{}
+					for _, g := range act.Allocate {
+						got[g.UID] = g.Pods
+					}
+					require.Equal(t, c.want, got)
+				})
+			}
+		})
 	}
 }

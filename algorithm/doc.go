@@ -9,7 +9,7 @@
 //
 // Two strategies come with the package. Packed fills claims one at a time;
 // Spread deals one pod per claim per turn. Both serve requests in the order
-// given by Less (priority, then age, then name) and both release the pods a
+// given by Less (priority, then age, then arrival, then name) and both release the pods a
 // claim's owner gave back plus any surplus over what the claim wants.
 //
 //	act, err := algorithm.Packed{}.Plan(algorithm.Input{

@@ -8,7 +8,8 @@ import (
 )
 
 // Packed fills claims one at a time, in order (priority, then age, then
-// name): the first claim gets all it wants before the next gets any.
+// arrival, then name; see Less): the first claim gets all it wants before
+// the next gets any.
 type Packed struct{}
 
 // Spread hands out one pod per claim per turn, in order, so that when the
@@ -27,8 +28,9 @@ func (Packed) Plan(in Input) (Action, error) { return plan(in, false) }
 func (Spread) Plan(in Input) (Action, error) { return plan(in, true) }
 
 // Less reports whether request a is served before request b: higher
-// Priority first, then older Created, then namespace/name, then UID. It is
-// the order both strategies use and a total order on distinct UIDs.
+// Priority first, then older Created, then lower Arrival, then
+// namespace/name, then UID. It is the order both strategies use and a total
+// order on distinct UIDs; a strategy of your own may use it too.
 func Less(a, b *Request) bool { return compareRequests(a, b) < 0 }
 
 func compareRequests(a, b *Request) int {
@@ -36,6 +38,9 @@ func compareRequests(a, b *Request) int {
 		return c
 	}
 	if c := a.Created.Compare(b.Created); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Arrival, b.Arrival); c != 0 {
 		return c
 	}
 	if c := strings.Compare(a.Claim.Namespace, b.Claim.Namespace); c != 0 {
@@ -75,16 +80,35 @@ func plan(in Input, spread bool) (Action, error) {
 	}
 
 	// Deal candidates in input order, skipping a name seen twice so that
-	// a malformed input can never make one pod go to two claims.
+	// a malformed input can never make one pod go to two claims. A
+	// request's Avoid pods are passed over for it while other candidates
+	// are left, and stay for the others.
 	dealt := make(map[string]struct{})
-	next := 0
-	draw := func() (string, bool) {
+	next := 0 // candidates before next are all dealt (or unusable)
+	draw := func(r *Request) (string, bool) {
 		for next < len(in.Candidates) {
-			name := in.Candidates[next].Name
+			if _, dup := dealt[in.Candidates[next].Name]; !dup && in.Candidates[next].Name != "" {
+				break
+			}
 			next++
+		}
+		fallback := -1
+		for i := next; i < len(in.Candidates); i++ {
+			name := in.Candidates[i].Name
 			if _, dup := dealt[name]; dup || name == "" {
 				continue
 			}
+			if slices.Contains(r.Avoid, name) {
+				if fallback < 0 {
+					fallback = i
+				}
+				continue
+			}
+			dealt[name] = struct{}{}
+			return name, true
+		}
+		if fallback >= 0 {
+			name := in.Candidates[fallback].Name
 			dealt[name] = struct{}{}
 			return name, true
 		}
@@ -98,7 +122,7 @@ func plan(in Input, spread bool) (Action, error) {
 				if len(got[i]) == need[i] {
 					continue
 				}
-				name, ok := draw()
+				name, ok := draw(order[i])
 				if !ok {
 					break
 				}
@@ -109,7 +133,7 @@ func plan(in Input, spread bool) (Action, error) {
 	} else {
 		for i := range order {
 			for len(got[i]) < need[i] {
-				name, ok := draw()
+				name, ok := draw(order[i])
 				if !ok {
 					break
 				}

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -347,6 +348,10 @@ type pool struct {
 	free []algorithm.Candidate
 	// nStarting counts the pods with podInfo.starting set.
 	nStarting int
+	// arrivals is the next claimInfo.arrival; arrived are the claims
+	// added since orderArrivals last ran.
+	arrivals uint32
+	arrived  []*claimInfo
 	// offer is the copy of free handed to the algorithm, kept to reuse
 	// its memory.
 	offer  []algorithm.Candidate
@@ -391,7 +396,7 @@ type pool struct {
 	// promoted holds pods that took over their name from an older pod
 	// with it (dropPod): their marks are looked at in the next round.
 	promoted []*podInfo
-	// tombs remembers, for a Quarantine, the last version of pods whose
+	// tombs remembers, for a quarantine, the last version of pods whose
 	// entries were dropped once they left the pool: a lagging listing that
 	// still shows such a pod at that version or older does not bring it
 	// back (allocated lazily).
@@ -489,7 +494,46 @@ func (p *pool) removePod(pi *podInfo) {
 func (p *pool) seePod(pi *podInfo)          { p.podSeen.see(pi, p.gen) }
 func (p *pool) podSeenNow(pi *podInfo) bool { return p.podSeen.seenIn(pi, p.gen) }
 
-func (p *pool) addClaim(ci *claimInfo)    { p.claimSeen.add(ci) }
+func (p *pool) addClaim(ci *claimInfo) {
+	ci.arrival = p.arrivals
+	p.arrivals++
+	p.arrived = append(p.arrived, ci)
+	p.claimSeen.add(ci)
+}
+
+// orderArrivals gives the claims first seen since the last call their
+// arrival order: those first seen in an earlier round keep theirs, and
+// among those first seen together the claim with the older resourceVersion
+// at first sight comes first (created earlier, unless changed since);
+// claims with no numeric resourceVersion (known only from pod marks) keep
+// the order they were met in, after the others.
+func (p *pool) orderArrivals() {
+	if len(p.arrived) > 1 {
+		nums := make([]uint32, len(p.arrived))
+		for i, ci := range p.arrived {
+			nums[i] = ci.arrival
+		}
+		slices.SortStableFunc(p.arrived, func(a, b *claimInfo) int {
+			return cmp.Compare(arrivalKey(a), arrivalKey(b))
+		})
+		for i, ci := range p.arrived {
+			ci.arrival = nums[i]
+		}
+	}
+	clear(p.arrived)
+	if cap(p.arrived) > 64 {
+		p.arrived = nil
+	} else {
+		p.arrived = p.arrived[:0]
+	}
+}
+
+func arrivalKey(ci *claimInfo) uint64 {
+	if n := rvNum(ci.rv); n != 0 {
+		return n
+	}
+	return math.MaxUint64
+}
 func (p *pool) removeClaim(ci *claimInfo) { p.claimSeen.remove(ci) }
 func (p *pool) seeClaim(ci *claimInfo)    { p.claimSeen.see(ci, p.gen) }
 
@@ -787,10 +831,11 @@ type claimInfo struct {
 	// the claim succeeds: its record may legitimately differ meanwhile.
 	unsettled bool
 
-	// gone is set once a live read found the claim deleted (pod marks).
-	gone     bool
 	priority int32
 	want     int32
+	// arrival orders the claims of the pool by when the allocator first
+	// saw them (see pool.orderArrivals): algorithm.Request.Arrival.
+	arrival uint32
 	// recycling counts the held pods being recycled. The pods the claim
 	// holds are the store's to say (pool.held, pool.nHeld, pool.heldPod).
 	recycling int32
@@ -830,7 +875,15 @@ type claimMore struct {
 	// oldRVs are resourceVersions processed before rv that are not
 	// numbers (see sawRV), oldest first.
 	oldRVs []string
+	// gone is set once a live read found the claim deleted (pod marks).
+	gone bool
 }
+
+func (c *claimInfo) isGone() bool { return c.more != nil && c.more.gone }
+
+// setGone records that a live read found the claim deleted; it is never
+// undone.
+func (c *claimInfo) setGone() { c.edit().gone = true }
 
 func (c *claimInfo) release() []string {
 	if c.more == nil {
@@ -879,7 +932,7 @@ func (c *claimInfo) edit() *claimMore {
 
 func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
-		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 {
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone {
 		c.more = nil
 	}
 }

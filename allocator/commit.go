@@ -77,7 +77,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 			case slices.Contains(ci.released(), name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
 				r.endSettle(pi)
 				r.queueUnmark(pi, ci.uid, ci.recRV)
-			case ci.gone:
+			case ci.isGone():
 				r.endSettle(pi)
 				r.queueUnmark(pi, ci.uid, fenceGone)
 			default:
@@ -308,7 +308,7 @@ func (r *round) do(w *write) {
 	}
 	if base == nil {
 		// A claim known only from its pods' marks.
-		if w.ci.gone {
+		if w.ci.isGone() {
 			w.gone = true
 			return
 		}
@@ -519,7 +519,7 @@ func (r *round) apply(w *write) {
 	}
 	switch {
 	case w.gone:
-		ci.gone = true
+		ci.setGone()
 		// Nothing durable is left to change: recycled pods are free; the
 		// rest are given back through recycling next round.
 		if len(w.done) > 0 {
@@ -549,7 +549,7 @@ func (r *round) apply(w *write) {
 			ci.unsettled = true
 			for _, name := range w.add {
 				pi := p.pods[name]
-				pi.reserve(ci, r.now.Add(Quarantine))
+				pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
 				p.reserved[name] = pi
 				p.refreshFree(pi)
 			}

@@ -58,7 +58,7 @@
 // claim force-deleted while no allocator ran (its pods are recycled after
 // the restart), a record edited by hand (a pod is believed to be a claim's
 // only where its mark says so), and several allocators on one pool at
-// once, through failovers and listings that lag by less than a Quarantine
+// once, through failovers and listings that lag by less than a quarantine
 // (with one limit: records name pods, not UIDs; see WithPodMarks).
 //
 // The rules every allocator follows are set out in fence.go; in short: a
@@ -87,7 +87,7 @@
 // A record entry for a pod that does not exist is not believed (a pod
 // created later under the name is a new pod), and a pod marked for a claim
 // whose record does not list it is settled: recycled for that claim and
-// recorded as released, after a Quarantine if the mark is newer than the
+// recorded as released, after a quarantine if the mark is newer than the
 // record (a hand-out may still be in flight).
 //
 // # Failures

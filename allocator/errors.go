@@ -12,8 +12,10 @@ import (
 // for the claim's name.
 var (
 	// ErrInvalidOption: New was given an option it cannot use (a nil
-	// store, syncer or algorithm, a non-positive write concurrency, keys
-	// together with a custom syncer, ...).
+	// option; nil given to WithStore, WithSyncer, WithAPIReader,
+	// WithClaimType, WithAlgorithm, WithReadiness, WithRecycler or
+	// WithClock; a non-positive write concurrency; keys together with a
+	// custom syncer, ...).
 	ErrInvalidOption = errors.New("invalid option")
 	// ErrInvalidInput: a round's input is unusable as a whole: an empty
 	// pool name, a nil claim object, a claim or pod of another namespace,

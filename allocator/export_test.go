@@ -53,7 +53,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 			held = append(held, pi.name)
 		}
 		fmt.Fprintf(&b, "      claim %s listed=%v gone=%v want=%d recRV=%d held=%v strays=%v released=%v recycling=%d\n",
-			ci.name.Name, ci.listed, ci.gone, ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
+			ci.name.Name, ci.listed, ci.isGone(), ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
 	}
 	return b.String()
 }

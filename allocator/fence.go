@@ -50,7 +50,7 @@ import (
 //   - Mark without record: a pod marked for a claim whose record does not
 //     list it is recycled for that claim and recorded as released before
 //     its mark goes. If the mark is newer than the record, a hand-out may
-//     still be in flight: the pod waits a Quarantine first (for liveness
+//     still be in flight: the pod waits a quarantine first (for liveness
 //     only: the release write moves the claim's resourceVersion on, which
 //     fences any write still in flight).
 //   - Unmark: a mark naming claim c is removed, guarded by the pod's
@@ -361,12 +361,12 @@ func (r *round) maybeForget(pi *podInfo) {
 		if p.tombs == nil {
 			p.tombs = make(map[string]podTomb)
 		}
-		p.tombs[pi.name] = podTomb{uid: pi.uid, rv: rv, until: r.now.Add(Quarantine)}
+		p.tombs[pi.name] = podTomb{uid: pi.uid, rv: rv, until: r.now.Add(r.a.cfg.quarantine)}
 	}
 	p.dropPod(pi)
 }
 
-// pruneTombs forgets the tombs older than a Quarantine: listings lag less.
+// pruneTombs forgets the tombs older than a quarantine: listings lag less.
 func (r *round) pruneTombs() {
 	for name, t := range r.p.tombs {
 		if r.now.After(t.until) {
@@ -623,11 +623,11 @@ func (r *round) resolveMark(pi *podInfo) {
 	r.reserveFor(ci, pi)
 }
 
-// reserveFor reserves pi for ci for a Quarantine: it is marked for ci and
+// reserveFor reserves pi for ci for a quarantine: it is marked for ci and
 // a write listing it may still land (or a newer record list it).
 func (r *round) reserveFor(ci *claimInfo, pi *podInfo) {
 	p := r.p
-	pi.reserve(ci, r.now.Add(Quarantine))
+	pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
 	p.reserved[pi.name] = pi
 	p.dirty[ci] = struct{}{}
 	p.refreshFree(pi)

@@ -16,7 +16,7 @@ package allocator_test
 //     for it, or it is deleted) before it appears in another claim's record.
 //     Checked after every write and every step.
 //   - Liveness: with a single allocator left, within fenceSettleRounds rounds
-//     (the fake clock stepped past allocator.Quarantine before each), every
+//     (the fake clock stepped past allocator.DefaultQuarantine before each), every
 //     claim holds what the pool can give it, from its own pool and marked
 //     for it, and no pod stays marked for a claim whose record does not list
 //     it.
@@ -497,7 +497,7 @@ func (w *fenceWatch) until(a allocator.Allocator, pool types.NamespacedName, ste
 }
 
 // settle is the liveness check: a, the only allocator left, runs rounds on
-// pools (the clock stepped past allocator.Quarantine before each) until
+// pools (the clock stepped past allocator.DefaultQuarantine before each) until
 // every claim named in expect holds exactly that many pods (present, not
 // terminating, of the claim's own pool, marked for it) and no pod is marked
 // for a claim whose record does not hold it; at most fenceSettleRounds
@@ -509,7 +509,7 @@ func (w *fenceWatch) settle(a allocator.Allocator, clk *clocktesting.FakeClock, 
 	for i := range fenceSettleRounds {
 		var errs []error
 		for _, p := range pools {
-			clk.Step(allocator.Quarantine + time.Second)
+			clk.Step(allocator.DefaultQuarantine + time.Second)
 			if _, err := w.fresh(a, p, fmt.Sprintf("settle round %d of pool %s", i+1, p.Name)); err != nil {
 				errs = append(errs, err)
 			}

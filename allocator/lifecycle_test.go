@@ -310,6 +310,41 @@ func TestWantAndPriorityAreInputsOfEveryRound(t *testing.T) {
 	require.Len(t, f.held("c"), 2)
 }
 
+// TestReleasedPodNotHandedStraightBack has a claim give back its pod
+// without lowering its Want, on a full pool (RecycleNoop, the default): it
+// waits, and when a new pod arrives it gets that one, not the pod it gave
+// back, which stays idle for others (TestAvoidedPodsGoLast in package
+// algorithm: only when no other pod is left does it get one it gave back).
+func TestReleasedPodNotHandedStraightBack(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	a := f.alloc()
+	f.claim("c", "p", 1)
+	f.claim("d", "p", 1)
+	f.round(a, pool)
+	old := f.held("c")
+	require.Len(t, old, 1)
+
+	f.release("c", old[0])
+	res := f.round(a, pool)
+	require.Empty(t, f.held("c"), "released, and no other pod free")
+	require.Equal(t, 1, res.Shortfall)
+	require.Equal(t, old, res.Idle, "free once recycled, released and unmarked")
+
+	// The operator creates a pod for the shortfall. Both are free now, the
+	// old one first in the pool's list.
+	_, err := testenv.CreatePods(f.ctx, f.c, f.ns, "q", 1, true)
+	require.NoError(t, err)
+	pod := &corev1.Pod{}
+	require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "q-0"}, pod))
+	pod.Labels[testenv.PoolLabel] = "p"
+	require.NoError(t, f.c.Update(f.ctx, pod))
+	res = f.round(a, pool)
+	require.Equal(t, []string{"q-0"}, f.held("c"), "the new pod, not the one it gave back")
+	require.Equal(t, old, res.Idle)
+	require.Zero(t, res.Shortfall)
+}
+
 func TestReleaseRequestHonouredOnlyForHeldPods(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 4)
@@ -493,10 +528,10 @@ func TestClaimMovedToAnotherPool(t *testing.T) {
 	require.Len(t, res.Lost, 2)
 	require.Zero(t, res.Shortfall)
 	res = f.round(a, p1)
-	require.Empty(t, res.Released, "not before a Quarantine")
+	require.Empty(t, res.Released, "not before a quarantine")
 	require.Empty(t, res.Idle, "its old pods are not free before they are recycled")
 	require.Equal(t, old, f.held("c"), "nor out of its record")
-	clk.Step(allocator.Quarantine)
+	clk.Step(allocator.DefaultQuarantine)
 	res = f.round(a, p1)
 	require.Len(t, res.Released, 1)
 	require.Len(t, res.Idle, 2)
@@ -942,6 +977,43 @@ func TestMalformedRecordsFailClosedPerPool(t *testing.T) {
 			f.setAnnotation("bad", key, `{"pods":[]}`)
 			f.round(a, p1)
 			require.Len(t, f.held("bad"), 1)
+		})
+	}
+}
+
+// TestSameSecondClaimsServedInArrivalOrder creates zzz, then aaa, within
+// one second (creation timestamps keep seconds only) on a pool of one pod:
+// zzz arrived first and is served, whether both are first seen in one
+// listing or zzz in an earlier round.
+func TestSameSecondClaimsServedInArrivalOrder(t *testing.T) {
+	for _, apart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one listing", true: "two rounds"}[apart], func(t *testing.T) {
+			f := newFixture(t)
+			a := f.alloc()
+			pool := types.NamespacedName{Namespace: f.ns, Name: "p"}
+			// Retry until the two creations fall in one second.
+			for try := 0; ; try++ {
+				first := f.claim("zzz", "p", 1)
+				if apart {
+					f.round(a, pool) // zzz seen first, in a pool with no pods
+				}
+				second := f.claim("aaa", "p", 1)
+				if first.CreationTimestamp.Equal(&second.CreationTimestamp) {
+					break
+				}
+				require.Less(t, try, 10, "no two creations in one second")
+				for _, cl := range []*testenv.Claim{first, second} {
+					require.NoError(t, f.c.Delete(f.ctx, cl))
+				}
+				require.Eventually(t, func() bool { return f.gone("zzz") && f.gone("aaa") }, 10*time.Second, 50*time.Millisecond)
+				a = f.alloc()
+			}
+			_, err := testenv.CreatePods(f.ctx, f.c, f.ns, "p", 1, true)
+			require.NoError(t, err)
+			res := f.round(a, pool)
+			require.Len(t, res.Allocated, 1)
+			require.Equal(t, "zzz", res.Allocated[0].Claim.Name, "the claim created first is served first")
+			require.Equal(t, 1, res.Shortfall)
 		})
 	}
 }

@@ -3,7 +3,9 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -112,9 +114,13 @@ type config struct {
 	recycle     Recycler
 	clock       clock.PassiveClock
 	writers     int
+	quarantine  time.Duration
 	replaceLost bool
 	zoneLabel   string
 	claimType   client.Object
+	// nilSet names the options that were given nil where nil is not
+	// allowed (WithStore, WithSyncer, WithAPIReader, WithClaimType).
+	nilSet []string
 
 	// slimKeys are the keys of the syncer when it is the annotation
 	// syncer (see claimMeta), and ourFinalizers is a list of just its
@@ -128,7 +134,10 @@ type config struct {
 // record is written, and reads from there who holds what. It must not be
 // shared with another Allocator or written by anything else. A store that
 // fails a read makes its pods count as held until it answers (ErrStore).
-func WithStore(s store.AllocationStore) Option { return optionFunc(func(c *config) { c.store = s }) }
+// It must not be nil.
+func WithStore(s store.AllocationStore) Option {
+	return optionFunc(func(c *config) { c.store = s; c.checkNil("WithStore", s) })
+}
 
 // WithSyncer replaces the annotation syncer. It cannot be combined with
 // WithKeys or WithAPIReader, which configure the default syncer. s must keep
@@ -137,8 +146,9 @@ func WithStore(s store.AllocationStore) Option { return optionFunc(func(c *confi
 // the claim. A write that returns the version it replaced is reported as a
 // failed write naming the claim, and the pods it releases stay marked
 // until a write does.
+// s must not be nil.
 func WithSyncer(s syncer.AllocationSyncer) Option {
-	return optionFunc(func(c *config) { c.syncer = s })
+	return optionFunc(func(c *config) { c.syncer = s; c.checkNil("WithSyncer", s) })
 }
 
 // WithKeys sets the annotation names and finalizer of the default syncer,
@@ -150,8 +160,11 @@ func WithKeys(k syncer.Keys) Option { return optionFunc(func(c *config) { c.keys
 // its outcome is unknown, when a settled claim is written again (its
 // object is not kept, see the package documentation), and where a listing
 // may lag. It needs get on claims (and pods). With a manager's cached
-// client, pass mgr.GetAPIReader(). The default is the client.
-func WithAPIReader(r client.Reader) Option { return optionFunc(func(c *config) { c.apiReader = r }) }
+// client, pass mgr.GetAPIReader(). The default is the client; r must not be
+// nil.
+func WithAPIReader(r client.Reader) Option {
+	return optionFunc(func(c *config) { c.apiReader = r; c.checkNil("WithAPIReader", r) })
+}
 
 // WithAlgorithm replaces the default algorithm, algorithm.Packed.
 func WithAlgorithm(a algorithm.Algorithm) Option {
@@ -170,6 +183,17 @@ func WithRecycler(r Recycler) Option { return optionFunc(func(c *config) { c.rec
 
 // WithClock injects the clock, for tests.
 func WithClock(clk clock.PassiveClock) Option { return optionFunc(func(c *config) { c.clock = clk }) }
+
+// WithQuarantine sets the quarantine (DefaultQuarantine, 2 minutes, by
+// default): how long a claim may be missing from its pool's listings before
+// the pods it holds are taken back (recycled and recorded released), and
+// how long pods named in a write of unknown outcome, or marked by another
+// allocator for a claim whose record does not list them yet, stay out of
+// the pool before they are settled. Caches must lag by less than it
+// (README, guarantee 7), and it must be longer than the API server's
+// request timeout (60 s by default) for a write still in flight to have
+// landed or failed when it ends. d must be positive.
+func WithQuarantine(d time.Duration) Option { return optionFunc(func(c *config) { c.quarantine = d }) }
 
 // WithWriteConcurrency bounds how many claims are written (and how many pods
 // recycled) at once in a round. The default is 16.
@@ -208,7 +232,7 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 //     believed, also at recovery;
 //   - several allocators running on one pool at once (a failover, a
 //     rolling update), also on lagging listings (lagging by less than
-//     Quarantine), cannot hand one pod to two claims: marks and records
+//     the quarantine, WithQuarantine), cannot hand one pod to two claims: marks and records
 //     are written under resourceVersions, and the allocator compares
 //     resourceVersions of pods and claims as numbers, as the API server's
 //     etcd revisions allow (see the package documentation). Records name
@@ -254,9 +278,24 @@ func WithPodMarkMigration(migrate bool) Option {
 // claim listed in any pool, so this is needed only when a pool may be
 // listed with no claims at all (after its last claim was force-deleted, for
 // example). Without it, such pods wait until a claim of the type has been
-// listed.
+// listed. obj must not be nil.
 func WithClaimType(obj client.Object) Option {
-	return optionFunc(func(c *config) { c.claimType = obj })
+	return optionFunc(func(c *config) { c.claimType = obj; c.checkNil("WithClaimType", obj) })
+}
+
+// checkNil records that option was given v if v is nil, also a typed nil
+// pointer in an interface.
+func (c *config) checkNil(option string, v any) {
+	if v == nil {
+		c.nilSet = append(c.nilSet, option)
+		return
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Slice, reflect.Chan, reflect.Interface:
+		if rv.IsNil() {
+			c.nilSet = append(c.nilSet, option)
+		}
+	}
 }
 
 // WithZoneLabel sets the pod label read as a candidate's zone (default
@@ -265,20 +304,24 @@ func WithZoneLabel(key string) Option { return optionFunc(func(c *config) { c.zo
 
 func newConfig(c client.Client, opts []Option) (*config, error) {
 	cfg := &config{
-		client:    c,
-		markKey:   DefaultPodMarkKey,
-		algorithm: algorithm.Packed{},
-		ready:     PodReady,
-		recycle:   RecycleNoop,
-		clock:     clock.RealClock{},
-		writers:   16,
-		zoneLabel: DefaultZoneLabel,
+		client:     c,
+		markKey:    DefaultPodMarkKey,
+		algorithm:  algorithm.Packed{},
+		ready:      PodReady,
+		recycle:    RecycleNoop,
+		clock:      clock.RealClock{},
+		writers:    16,
+		quarantine: DefaultQuarantine,
+		zoneLabel:  DefaultZoneLabel,
 	}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil option", ErrInvalidOption)
 		}
 		o.apply(cfg)
+	}
+	if len(cfg.nilSet) > 0 {
+		return nil, fmt.Errorf("%w: %s(nil)", ErrInvalidOption, strings.Join(cfg.nilSet, "(nil), "))
 	}
 	switch {
 	case cfg.algorithm == nil:
@@ -291,6 +334,8 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
 	case cfg.writers < 1:
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
+	case cfg.quarantine <= 0:
+		return nil, fmt.Errorf("%w: quarantine %s, want more than 0", ErrInvalidOption, cfg.quarantine)
 	}
 	if cfg.claimType != nil {
 		if u, ok := cfg.claimType.(interface{ IsList() bool }); ok && u.IsList() {

@@ -593,7 +593,7 @@ func (m *machine) afterRound(in allocator.Input, res allocator.Result, err error
 	}
 	if fresh && !faulty {
 		for _, marks := range []map[types.NamespacedName]time.Time{m.pending, m.unsettled} {
-			if at, ok := marks[in.Pool]; ok && !now.Before(at.Add(allocator.Quarantine)) {
+			if at, ok := marks[in.Pool]; ok && !now.Before(at.Add(allocator.DefaultQuarantine)) {
 				delete(marks, in.Pool)
 			}
 		}
@@ -1123,7 +1123,7 @@ func (m *machine) readFail(t *rapid.T) {
 }
 
 func (m *machine) advanceClock(t *rapid.T) {
-	d := rapid.SampledFrom([]time.Duration{10 * time.Second, time.Minute, allocator.Quarantine + time.Second, 5 * time.Minute}).Draw(t, "advance")
+	d := rapid.SampledFrom([]time.Duration{10 * time.Second, time.Minute, allocator.DefaultQuarantine + time.Second, 5 * time.Minute}).Draw(t, "advance")
 	m.clock.Step(d)
 	t.Logf("clock +%s", d)
 }

@@ -17,7 +17,7 @@ package allocator_test
 //     changed since its last view) on a listing that is fresh or lags the
 //     server by any number of writes (pods and claims independently, drawn
 //     from a history of listings taken after every write; none that was
-//     superseded a Quarantine ago or more, the lag the allocator's contract
+//     superseded a quarantine ago or more, the lag the allocator's contract
 //     allows), two rounds at
 //     once in two goroutines (two allocators on one pool, or two pools), a
 //     crash (the instance is dropped), a crash in the middle of a round
@@ -64,7 +64,7 @@ package allocator_test
 //
 // At the end of each history all allocators but one stop; the survivor runs
 // rounds on fresh listings of both pools, the clock advancing past
-// allocator.Quarantine each time, with the recycler finishing everything,
+// allocator.DefaultQuarantine each time, with the recycler finishing everything,
 // for mmSettleRounds rounds per pool (fewer once three in a row wrote and
 // recycled nothing). Then (liveness): every live claim holds at most what it
 // wants, a claim that holds less has no ready pod of its pool left unheld
@@ -282,7 +282,7 @@ func (m *mmMachine) failWith(vs []mmViolation) {
 // A snapshot is a listing as it was after a write. superseded is when a
 // newer one was taken (zero while it is the newest): a listing lags by the
 // time since then, and the allocator's contract bounds that lag by
-// allocator.Quarantine, so older ones are not drawn.
+// allocator.DefaultQuarantine, so older ones are not drawn.
 type mmPodSnap struct {
 	sig        string
 	pods       []corev1.Pod
@@ -300,7 +300,7 @@ type mmClaimSnap struct {
 func usable(n int, now time.Time, superseded func(i int) time.Time) int {
 	k := 0
 	for i := n - 1; i >= 0; i-- {
-		if s := superseded(i); !s.IsZero() && !now.Before(s.Add(allocator.Quarantine)) {
+		if s := superseded(i); !s.IsZero() && !now.Before(s.Add(allocator.DefaultQuarantine)) {
 			break
 		}
 		k++
@@ -1502,7 +1502,7 @@ func (m *mmMachine) lateJoiner(t *rapid.T) {
 }
 
 func (m *mmMachine) advanceClock(t *rapid.T) {
-	d := rapid.SampledFrom([]time.Duration{10 * time.Second, time.Minute, allocator.Quarantine + time.Second}).Draw(t, "advance")
+	d := rapid.SampledFrom([]time.Duration{10 * time.Second, time.Minute, allocator.DefaultQuarantine + time.Second}).Draw(t, "advance")
 	m.clock.Step(d)
 	m.logf("clock +%s", d)
 }
@@ -1910,7 +1910,7 @@ func (m *mmMachine) settle(t *rapid.T) {
 			m.logRound(r)
 			m.failOnViolations()
 		}
-		m.clock.Step(allocator.Quarantine + time.Second)
+		m.clock.Step(allocator.DefaultQuarantine + time.Second)
 		m.check(t)
 		if m.acts.Load() == before {
 			quiet++

@@ -177,7 +177,7 @@ func TestRegressionOrphanInPoolWithoutClaims(t *testing.T) {
 			var res allocator.Result
 			for range 2 {
 				res, err = world.Round(ctx, b, c, pool)
-				clk.Step(allocator.Quarantine) // no claim listed may lag that long
+				clk.Step(allocator.DefaultQuarantine) // no claim listed may lag that long
 			}
 			if withType {
 				require.NoError(t, err)
@@ -431,7 +431,7 @@ func TestRegressionNewerRecordEndsReservation(t *testing.T) {
 	require.Equal(t, want, recordOn(t, c, "c").Held(), "the claim keeps both pods its record lists")
 }
 
-// A claim missing from a claim listing that lags for a Quarantine is taken
+// A claim missing from a claim listing that lags for a quarantine is taken
 // for one that left the pool (the contract bounds listing lag by a
 // Quarantine): its pods are given back, but recorded released only after
 // the recycler finished them (DESIGN I6). Found by the single-allocator
@@ -453,8 +453,8 @@ func TestRegressionStaleClaimListingPastQuarantineRecyclesFirst(t *testing.T) {
 
 	_, err = a.Round(ctx, stale)
 	require.NoError(t, err)
-	require.Equal(t, held, recordOn(t, c, "c").Held(), "missing for less than a Quarantine: nothing given back")
-	clk.Step(allocator.Quarantine)
+	require.Equal(t, held, recordOn(t, c, "c").Held(), "missing for less than a quarantine: nothing given back")
+	clk.Step(allocator.DefaultQuarantine)
 	res, err = a.Round(ctx, stale)
 	require.NoError(t, err)
 	require.Equal(t, held, res.Recycling, "given back through the recycler")
@@ -587,7 +587,7 @@ func TestRegressionWriteKeepsPodKnownOnlyOlder(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.Round(ctx, in)
 	require.NoError(t, err)
-	clk.Step(allocator.Quarantine)
+	clk.Step(allocator.DefaultQuarantine)
 	for range 2 {
 		_, err = b.Round(ctx, in)
 		require.NoError(t, err)
@@ -807,7 +807,7 @@ func TestRegressionKnownClaimMissingFromListingDoesNotHoldMarkedPod(t *testing.T
 	_ = cl
 
 	for range 6 {
-		clk.Step(allocator.Quarantine + time.Second)
+		clk.Step(allocator.DefaultQuarantine + time.Second)
 		_, err = world.Round(ctx, a, c, pool)
 		require.NoError(t, err)
 		require.NoError(t, allocator.CheckInvariants(a))
@@ -890,7 +890,7 @@ func TestRegressionOlderPodUnderNameIsNotANewOne(t *testing.T) {
 
 // A free pod a lagging listing lacked, listed again at the version known,
 // is free: the version known is the pod itself, not an older copy. Before,
-// it stayed out of the pool for a Quarantine.
+// it stayed out of the pool for a quarantine.
 func TestRegressionPodListedAgainAtSameVersionIsFree(t *testing.T) {
 	ctx := context.Background()
 	c, pool, cl := regressionPool(t, 2, 0)
@@ -1218,7 +1218,7 @@ func TestRegressionReleaseWrittenAlreadyStillFencesTheMark(t *testing.T) {
 	for i := 0; i < 4 && idle == 0; i++ {
 		res = f.round(b, pool)
 		idle = len(res.Idle)
-		clk.Step(allocator.Quarantine + time.Second)
+		clk.Step(allocator.DefaultQuarantine + time.Second)
 	}
 	require.Equal(t, 1, idle, "the pod is free again")
 	require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: pod}, &p))
@@ -1349,8 +1349,7 @@ func TestRegressionReservedPodRidesAlongOnlyWhenItMayBeHanded(t *testing.T) {
 // with a higher Want than the newest one: Want is read from every Claim
 // (issue 10), but not from a stale copy, which would hand out an extra pod
 // (DESIGN I7). Found by the single-allocator machine while Want became an
-// input of every round (testdata/rapid/TestPropertyFake/
-// TestPropertyFake-stale-listing-want.fail).
+// input of every round (its file stopped replaying once fixed).
 func TestRegressionStaleListingWantIsNotTaken(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 4)

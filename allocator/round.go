@@ -20,14 +20,17 @@ import (
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
-// Quarantine is how long pods named in a write whose outcome is unknown (a
-// timeout after the API server may have applied it), or marked by another
-// allocator for a claim whose record does not list them yet, stay out of
-// the pool before the allocator reads the claim again to settle them. It is
-// longer than the API server's own request timeout (60 s), so a write still
-// in flight has landed or failed by then. It serves liveness only: a pod is
-// settled by a write that fences any write still in flight, not by waiting.
-const Quarantine = 2 * time.Minute
+// DefaultQuarantine is the quarantine unless WithQuarantine sets another.
+// The quarantine is how long pods named in a write whose outcome is unknown
+// (a timeout after the API server may have applied it), or marked by
+// another allocator for a claim whose record does not list them yet, stay
+// out of the pool before the allocator reads the claim again to settle
+// them, and how long a claim may be missing from a pool's listings before
+// its pods are taken back. It is longer than the API server's own request
+// timeout (60 s), so a write still in flight has landed or failed by then.
+// For pods it serves liveness only: a pod is settled by a write that fences
+// any write still in flight, not by waiting.
+const DefaultQuarantine = 2 * time.Minute
 
 // round is the state of one Round call. It runs with the pool's mu held.
 type round struct {
@@ -184,6 +187,7 @@ func (r *round) run() (Result, error) {
 	r.resolvePods()
 	r.settleReservations()
 	r.checkLost()
+	r.p.orderArrivals()
 	act, err := r.plan()
 	if err != nil {
 		r.report()
@@ -962,7 +966,7 @@ func (r *round) claimGone(ci *claimInfo) {
 	if ci.listed && ci.since().IsZero() {
 		// It may be gone, moved, or missing from a lagging listing: its
 		// pods are given back once it is found deleted, or once it has
-		// been missing for a Quarantine (see queueOrphans).
+		// been missing for a quarantine (see queueOrphans).
 		ci.setSince(r.now)
 	}
 	ci.listed = false
@@ -1101,7 +1105,7 @@ func (r *round) settleReservations() {
 			case apierrors.IsNotFound(err):
 				// The claim is gone; if a write landed its owner may have
 				// used the pods, so they are recycled, not freed.
-				ci.gone = true
+				ci.setGone()
 				landed = append(landed, due...)
 			case err != nil:
 				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, err)))
@@ -1247,7 +1251,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		if held == nil && n > 0 {
 			held = p.held(ci)
 		}
-		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.createdAt()}
+		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival)}
 		for _, pi := range held {
 			name := pi.name
 			if pi.recycling {
@@ -1263,6 +1267,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		slices.Sort(req.Held)
 		req.Release = release
+		req.Avoid = slices.Clone(ci.released())
 		reqs = append(reqs, req)
 	}
 	requested := make(map[types.UID]*claimInfo, len(reqs))
@@ -1419,8 +1424,8 @@ func (r *round) queueOrphans() {
 		if ci.listed || r.p.nHeld(ci) == 0 {
 			continue
 		}
-		if since := ci.since(); !since.IsZero() && !ci.gone && r.now.Before(since.Add(Quarantine)) {
-			if _, err := r.probe(ci); err != nil || !ci.gone {
+		if since := ci.since(); !since.IsZero() && !ci.isGone() && r.now.Before(since.Add(r.a.cfg.quarantine)) {
+			if _, err := r.probe(ci); err != nil || !ci.isGone() {
 				continue
 			}
 		}
@@ -1430,12 +1435,12 @@ func (r *round) queueOrphans() {
 	}
 }
 
-// probe reads a claim that left the pool's listing live. It sets ci.gone
+// probe reads a claim that left the pool's listing live. It sets ci.isGone()
 // when the claim no longer exists, and otherwise returns the pods its
 // record lists as held (none while it is being deleted), or why the claim
 // could not be read.
 func (r *round) probe(ci *claimInfo) (held []string, err error) {
-	if ci.gone {
+	if ci.isGone() {
 		return nil, nil
 	}
 	base := ci.object()
@@ -1448,7 +1453,7 @@ func (r *round) probe(ci *claimInfo) (held []string, err error) {
 	live, err := r.live(ci, base)
 	switch {
 	case apierrors.IsNotFound(err):
-		ci.gone = true
+		ci.setGone()
 		return nil, nil
 	case err != nil:
 		return nil, err

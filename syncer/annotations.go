@@ -55,20 +55,21 @@ func WithAPIReader(r client.Reader) Option {
 
 // NewAnnotationSyncer returns a syncer that writes with c and keeps records
 // under keys. Without WithAPIReader, Get reads through c. It fails when c
-// is nil, when WithAPIReader was given nil, or when keys.Validate fails
-// (matching ErrInvalidKeys).
+// is nil, an option is nil or WithAPIReader was given nil (matching
+// ErrInvalidOption), or when keys.Validate fails (matching ErrInvalidKeys).
 func NewAnnotationSyncer(c client.Client, keys Keys, opts ...Option) (*AnnotationSyncer, error) {
 	if c == nil {
-		return nil, errors.New("syncer: client is nil")
+		return nil, fmt.Errorf("syncer: %w: nil client", ErrInvalidOption)
 	}
 	o := options{apiReader: c}
-	for _, opt := range opts {
-		if opt != nil {
-			opt.apply(&o)
+	for i, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("syncer: %w: option %d is nil", ErrInvalidOption, i)
 		}
+		opt.apply(&o)
 	}
 	if o.apiReaderSet && o.apiReader == nil {
-		return nil, errors.New("syncer: WithAPIReader: reader is nil")
+		return nil, fmt.Errorf("syncer: %w: WithAPIReader(nil)", ErrInvalidOption)
 	}
 	if err := keys.Validate(); err != nil {
 		return nil, fmt.Errorf("syncer: %w", err)

@@ -87,7 +87,7 @@ func TestAnnotationSyncerConformance(t *testing.T) {
 func TestNewAnnotationSyncer(t *testing.T) {
 	c := newFakeClient(t, nil)
 	_, err := syncer.NewAnnotationSyncer(nil, syncer.DefaultKeys())
-	require.Error(t, err, "nil client")
+	require.ErrorIs(t, err, syncer.ErrInvalidOption, "nil client")
 
 	bad := syncer.DefaultKeys()
 	bad.Released = bad.Allocated
@@ -95,9 +95,12 @@ func TestNewAnnotationSyncer(t *testing.T) {
 	require.ErrorIs(t, err, syncer.ErrInvalidKeys)
 
 	_, err = syncer.NewAnnotationSyncer(c, syncer.DefaultKeys(), syncer.WithAPIReader(nil))
-	require.Error(t, err, "nil API reader")
+	require.ErrorIs(t, err, syncer.ErrInvalidOption, "nil API reader")
 
-	s, err := syncer.NewAnnotationSyncer(c, syncer.OpenSandboxKeys(), nil, syncer.WithAPIReader(c))
+	_, err = syncer.NewAnnotationSyncer(c, syncer.DefaultKeys(), nil)
+	require.ErrorIs(t, err, syncer.ErrInvalidOption, "nil option")
+
+	s, err := syncer.NewAnnotationSyncer(c, syncer.OpenSandboxKeys(), syncer.WithAPIReader(c))
 	require.NoError(t, err)
 	require.Equal(t, syncer.OpenSandboxKeys(), s.Keys())
 }

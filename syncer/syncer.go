@@ -106,6 +106,9 @@ var (
 	// ErrInvalidKeys: Keys with an empty or invalid annotation or finalizer
 	// name, or two keys equal.
 	ErrInvalidKeys = errors.New("invalid keys")
+	// ErrInvalidOption: NewAnnotationSyncer was given a nil client, a nil
+	// option or WithAPIReader(nil), as allocator.New refuses them.
+	ErrInvalidOption = errors.New("invalid option")
 )
 
 // RecordError says which claim's record could not be used, in which

@@ -119,6 +119,7 @@ func InputGen() *rapid.Generator[algorithm.Input] {
 				Want:     rapid.IntRange(0, 6).Draw(t, "want"),
 				Priority: rapid.Int32Range(-1, 2).Draw(t, "priority"),
 				Created:  base.Add(time.Duration(rapid.IntRange(0, 3).Draw(t, "age")) * time.Minute),
+				Arrival:  rapid.Uint64Range(0, 3).Draw(t, "arrival"),
 			}
 			if nHeld[i] > 0 {
 				r.Held = slices.Clone(names[:nHeld[i]])
