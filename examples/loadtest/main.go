@@ -46,7 +46,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,6 +59,7 @@ import (
 
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/cluster"
+	"github.com/poolalloc/poolalloc/internal/parallel"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
 	"github.com/poolalloc/poolalloc/syncer"
@@ -405,8 +405,7 @@ func (t *test) run(parent context.Context) (err error) {
 		defer func() { err = errors.Join(err, stop()) }()
 	}
 	// Once every claim is allocated every create has returned, so the
-	// group ends with the loop; an error of either stops the other.
-	g, gctx := errgroup.WithContext(ctx)
+	// two end with the loop; an error of either stops the other.
 	t.start = time.Now()
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sampling sync.WaitGroup
@@ -415,9 +414,8 @@ func (t *test) run(parent context.Context) (err error) {
 		stopSampling()
 		sampling.Wait()
 	}()
-	g.Go(func() error { return t.createClaims(gctx) })
-	g.Go(func() error { return t.loop(gctx) })
-	runErr := g.Wait()
+	both := []func(context.Context) error{t.createClaims, t.loop}
+	runErr := parallel.Do(ctx, len(both), len(both), func(ctx context.Context, i int) error { return both[i](ctx) })
 	cpuAfter, err := cpuTime()
 	if err != nil {
 		return err
@@ -443,21 +441,16 @@ func (t *test) run(parent context.Context) (err error) {
 // createClaims creates the claims, concurrency at once, each wanting one
 // pod, and records when each create was issued and when it returned.
 func (t *test) createClaims(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(t.f.concurrency)
-	for i := range t.f.claims {
-		g.Go(func() error {
-			cl := testenv.NewClaim(t.pool.Namespace, claimName(i), t.pool.Name, 1)
-			t.created[i].Store(time.Now().UnixNano())
-			if err := t.c.Create(ctx, cl); err != nil {
-				return fmt.Errorf("create claim %s: %w", cl.Name, err)
-			}
-			t.createDone[i].Store(time.Now().UnixNano())
-			t.nCreated.Add(1)
-			return nil
-		})
-	}
-	err := g.Wait()
+	err := parallel.Do(ctx, t.f.claims, t.f.concurrency, func(ctx context.Context, i int) error {
+		cl := testenv.NewClaim(t.pool.Namespace, claimName(i), t.pool.Name, 1)
+		t.created[i].Store(time.Now().UnixNano())
+		if err := t.c.Create(ctx, cl); err != nil {
+			return fmt.Errorf("create claim %s: %w", cl.Name, err)
+		}
+		t.createDone[i].Store(time.Now().UnixNano())
+		t.nCreated.Add(1)
+		return nil
+	})
 	t.createsEnd = time.Now()
 	return err
 }

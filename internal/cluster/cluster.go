@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	"github.com/poolalloc/poolalloc/internal/parallel"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/syncer"
 )
@@ -99,21 +99,20 @@ func RemoveNamespace(ctx context.Context, c client.Client, ns string, workers in
 	if err := c.List(ctx, &claims, client.InNamespace(ns)); err != nil {
 		return fmt.Errorf("cleanup: list claims: %w", err)
 	}
-	var g errgroup.Group
-	g.SetLimit(workers)
+	var todo []*testenv.Claim
+	var origs []*testenv.Claim
 	for i := range claims.Items {
 		cl, orig := &claims.Items[i], claims.Items[i].DeepCopy()
-		if !controllerutil.RemoveFinalizer(cl, syncer.DefaultKeys().Finalizer) {
-			continue
+		if controllerutil.RemoveFinalizer(cl, syncer.DefaultKeys().Finalizer) {
+			todo, origs = append(todo, cl), append(origs, orig)
 		}
-		g.Go(func() error {
-			if err := c.Patch(ctx, cl, client.MergeFrom(orig)); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("cleanup: claim %s/%s: remove finalizer: %w", ns, cl.Name, err)
-			}
-			return nil
-		})
 	}
-	err := g.Wait()
+	err := parallel.Do(ctx, len(todo), workers, func(ctx context.Context, i int) error {
+		if err := c.Patch(ctx, todo[i], client.MergeFrom(origs[i])); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("cleanup: claim %s/%s: remove finalizer: %w", ns, todo[i].Name, err)
+		}
+		return nil
+	})
 	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
 	return errors.Join(err, client.IgnoreNotFound(c.Delete(ctx, nsObj)))
 }

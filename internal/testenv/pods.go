@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"strconv"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/internal/parallel"
 )
 
 // PoolLabel is the label CreatePods puts on a pool's pods; its value is the
@@ -30,32 +31,28 @@ const createParallelism = 8
 // stored, in index order.
 func CreatePods(ctx context.Context, c client.Client, ns, pool string, n int, ready bool) ([]corev1.Pod, error) {
 	pods := make([]corev1.Pod, n)
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(createParallelism)
-	for i := range n {
-		g.Go(func() error {
-			pod := &pods[i]
-			*pod = corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{
-					Namespace: ns,
-					Name:      pool + "-" + strconv.Itoa(i),
-					Labels:    map[string]string{PoolLabel: pool},
-				},
-				Spec: corev1.PodSpec{
-					NodeName:   "node-" + strconv.Itoa(i%3),
-					Containers: []corev1.Container{{Name: "main", Image: PodImage}},
-				},
-			}
-			if err := c.Create(ctx, pod); err != nil {
-				return fmt.Errorf("testenv: create pod %s/%s: %w", ns, pod.Name, err)
-			}
-			if ready {
-				return SetPodReady(ctx, c, pod, true)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	err := parallel.Do(ctx, n, createParallelism, func(ctx context.Context, i int) error {
+		pod := &pods[i]
+		*pod = corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: ns,
+				Name:      pool + "-" + strconv.Itoa(i),
+				Labels:    map[string]string{PoolLabel: pool},
+			},
+			Spec: corev1.PodSpec{
+				NodeName:   "node-" + strconv.Itoa(i%3),
+				Containers: []corev1.Container{{Name: "main", Image: PodImage}},
+			},
+		}
+		if err := c.Create(ctx, pod); err != nil {
+			return fmt.Errorf("testenv: create pod %s/%s: %w", ns, pod.Name, err)
+		}
+		if ready {
+			return SetPodReady(ctx, c, pod, true)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return pods, nil

@@ -1,0 +1,54 @@
+package parallel_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/poolalloc/poolalloc/internal/parallel"
+)
+
+func TestDoRunsEveryBodyWithinTheLimit(t *testing.T) {
+	var running, peak, done atomic.Int64
+	err := parallel.Do(context.Background(), 50, 4, func(ctx context.Context, i int) error {
+		n := running.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		running.Add(-1)
+		done.Add(1)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(50), done.Load())
+	require.LessOrEqual(t, peak.Load(), int64(4))
+}
+
+func TestDoStopsAtTheFirstError(t *testing.T) {
+	boom := errors.New("boom")
+	var started atomic.Int64
+	err := parallel.Do(context.Background(), 1000, 1, func(ctx context.Context, i int) error {
+		started.Add(1)
+		if i == 3 {
+			return boom
+		}
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, boom)
+	require.Less(t, started.Load(), int64(1000), "no new bodies after the first error")
+}
+
+func TestDoReturnsTheContextsError(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ran := false
+	err := parallel.Do(ctx, 3, 2, func(context.Context, int) error { ran = true; return nil })
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, ran)
+}
