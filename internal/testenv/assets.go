@@ -43,8 +43,12 @@ const progressEvery = 30 * time.Second
 // binaries live in a cache outside the repository,
 // <root>/envtest/k8s-<KubeVersion>-etcd-<EtcdVersion>-<hash>, where root is
 // $POOLALLOC_CACHE or os.UserCacheDir()/poolalloc and hash covers the tool
-// modules' go.mod and go.sum, so a change of version builds afresh. Missing
-// binaries are built from the Go module proxy with the go command. The build
+// modules' go.mod and go.sum, so a change of version builds afresh. When
+// that cache has no binaries yet, the ones controller-runtime's
+// setup-envtest installed in its default directory are used if they fit
+// (kube-apiserver KubeVersion, etcd 3.5 or a later 3.x; see
+// setupEnvtestAssets). Otherwise missing binaries are built from the Go
+// module proxy with the go command. The build
 // holds an exclusive lock on a file in the cache directory, so parallel test
 // binaries build once while the others wait; each binary is written to a
 // temporary directory and renamed into place, so a killed build never leaves
@@ -54,38 +58,55 @@ const progressEvery = 30 * time.Second
 // runs) are written to progress, which may be nil. The first build of
 // kube-apiserver takes about ten minutes on two cores.
 func Assets(ctx context.Context, progress io.Writer) (dir string, err error) {
+	dir, _, err = assets(ctx, progress)
+	return dir, err
+}
+
+// Where Assets found the binaries (assetsFrom).
+const (
+	fromEnv          = EnvAssets
+	fromCache        = "cache"
+	fromSetupEnvtest = "setup-envtest"
+	fromBuild        = "built"
+)
+
+// assets is Assets, and says where the binaries came from (fromEnv, ...).
+func assets(ctx context.Context, progress io.Writer) (dir, from string, err error) {
 	if dir := os.Getenv(EnvAssets); dir != "" {
-		return dir, nil
+		return dir, fromEnv, nil
 	}
 	if progress == nil {
 		progress = io.Discard
 	}
 	tools, err := toolsDir()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	key, err := cacheKey(tools)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	root := os.Getenv(EnvCache)
 	if root == "" {
 		userCache, err := os.UserCacheDir()
 		if err != nil {
-			return "", fmt.Errorf("testenv: locate cache dir (set %s or %s): %w", EnvCache, EnvAssets, err)
+			return "", "", fmt.Errorf("testenv: locate cache dir (set %s or %s): %w", EnvCache, EnvAssets, err)
 		}
 		root = filepath.Join(userCache, "poolalloc")
 	}
 	dir = filepath.Join(root, "envtest", key)
 	if haveBinaries(dir) {
-		return dir, nil
+		return dir, fromCache, nil
+	}
+	if found, ok := setupEnvtestAssets(ctx); ok {
+		return found, fromSetupEnvtest, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("testenv: create cache dir: %w", err)
+		return "", "", fmt.Errorf("testenv: create cache dir: %w", err)
 	}
 	unlock, err := lockDir(ctx, dir, progress)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer unlock()
 	// Remove what killed builds left behind; the lock says none is running.
@@ -99,10 +120,93 @@ func Assets(ctx context.Context, progress io.Writer) (dir string, err error) {
 			continue
 		}
 		if err := build(ctx, dir, b, progress); err != nil {
-			return "", err
+			return "", "", err
 		}
 	}
-	return dir, nil
+	return dir, fromBuild, nil
+}
+
+// setupEnvtestStore returns the default directory where controller-runtime's
+// setup-envtest keeps binaries: ${XDG_DATA_HOME:-~/.local/share}/kubebuilder-envtest
+// on Linux and other Unixes, ~/Library/Application Support/io.kubebuilder.envtest
+// on macOS, %LocalAppData%\kubebuilder-envtest on Windows.
+func setupEnvtestStore() (string, bool) {
+	switch runtime.GOOS {
+	case "windows":
+		if d := os.Getenv("LocalAppData"); d != "" {
+			return filepath.Join(d, "kubebuilder-envtest"), true
+		}
+		return "", false
+	case "darwin", "ios":
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", false
+		}
+		return filepath.Join(home, "Library", "Application Support", "io.kubebuilder.envtest"), true
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "kubebuilder-envtest"), true
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", false
+	}
+	return filepath.Join(home, ".local", "share", "kubebuilder-envtest"), true
+}
+
+// setupEnvtestAssets returns the directory of binaries setup-envtest
+// installed for KubeVersion on this platform, if they fit: kube-apiserver
+// reports exactly KubeVersion, and etcd a 3.x version from 3.5 on (what
+// kube-apiserver 1.37 supports). The harness's tests do not depend on the
+// etcd patch version.
+func setupEnvtestAssets(ctx context.Context) (string, bool) {
+	store, ok := setupEnvtestStore()
+	if !ok {
+		return "", false
+	}
+	dir := filepath.Join(store, "k8s", strings.TrimPrefix(KubeVersion, "v")+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	if !haveBinaries(dir) {
+		return "", false
+	}
+	kube, err := binaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes ")
+	if err != nil || kube != KubeVersion {
+		return "", false
+	}
+	etcd, err := binaryVersion(ctx, filepath.Join(dir, "etcd"), "etcd Version: ")
+	if err != nil || !etcdFits(etcd) {
+		return "", false
+	}
+	return dir, true
+}
+
+// binaryVersion runs bin --version and returns what follows prefix on the
+// first line that starts with it, with a leading "v" added if missing.
+func binaryVersion(ctx context.Context, bin, prefix string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("testenv: %s --version: %w", bin, err)
+	}
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			v = strings.TrimSpace(v)
+			if !strings.HasPrefix(v, "v") {
+				v = "v" + v
+			}
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("testenv: %s --version: no line starting with %q", bin, prefix)
+}
+
+// etcdFits reports whether v (vMAJOR.MINOR.PATCH) is etcd 3.5 or a later 3.x.
+func etcdFits(v string) bool {
+	var major, minor, patch int
+	if n, err := fmt.Sscanf(v, "v%d.%d.%d", &major, &minor, &patch); err != nil || n != 3 {
+		return false
+	}
+	return major == 3 && minor >= 5
 }
 
 // binaryBuild says how to build one binary from its tool module.

@@ -63,8 +63,11 @@ type Env struct {
 	// types (Claim, ClaimList).
 	Scheme *runtime.Scheme
 	// AssetsDir is the directory holding the kube-apiserver and etcd
-	// binaries in use.
-	AssetsDir string
+	// binaries in use; AssetsFrom says where it came from:
+	// KUBEBUILDER_ASSETS, "cache" (built earlier), "setup-envtest" (the
+	// binaries controller-runtime's setup-envtest installed) or "built".
+	AssetsDir  string
+	AssetsFrom string
 
 	env      *envtest.Environment
 	certDir  string    // the API server's certificates, kept across restarts
@@ -98,7 +101,7 @@ func NewScheme() (*runtime.Scheme, error) {
 // progress, which may be nil), starts etcd and kube-apiserver, and installs
 // the test CRDs. The caller must call Stop.
 func Start(ctx context.Context, progress io.Writer) (*Env, error) {
-	dir, err := Assets(ctx, progress)
+	dir, from, err := assets(ctx, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +116,10 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 		return nil, fmt.Errorf("testenv: create cert dir: %w", err)
 	}
 	e := &Env{
-		Scheme:    scheme,
-		AssetsDir: dir,
-		certDir:   certDir,
+		Scheme:     scheme,
+		AssetsDir:  dir,
+		AssetsFrom: from,
+		certDir:    certDir,
 		env: &envtest.Environment{
 			Scheme:                   scheme,
 			BinaryAssetsDirectory:    dir,
@@ -408,12 +412,15 @@ func Main(m *testing.M, env **Env) int {
 	}
 	*env = e
 	started.Store(e)
-	source := "cache"
-	if os.Getenv(EnvAssets) != "" {
-		source = EnvAssets
+	versions := fmt.Sprintf("kube-apiserver %s and etcd %s", KubeVersion, EtcdVersion)
+	switch e.AssetsFrom {
+	case fromEnv:
+		versions = "kube-apiserver and etcd"
+	case fromSetupEnvtest:
+		versions = "kube-apiserver " + KubeVersion + " and etcd"
 	}
-	fmt.Fprintf(os.Stderr, "testenv: kube-apiserver %s and etcd %s from %s (%s); control plane up in %s\n",
-		KubeVersion, EtcdVersion, e.AssetsDir, source, time.Since(start).Round(10*time.Millisecond))
+	fmt.Fprintf(os.Stderr, "testenv: %s from %s (%s); control plane up in %s\n",
+		versions, e.AssetsDir, e.AssetsFrom, time.Since(start).Round(10*time.Millisecond))
 
 	if d := testTimeout(); d > 0 {
 		margin := min(5*time.Second, d/10)
