@@ -94,8 +94,13 @@ type Action struct {
 // Action, it keeps no state between calls, and it reads no clock, random
 // source or global. It must not modify the Input or anything the Input
 // refers to, and the Action it returns must share no slice with the Input.
-// It returns an error wrapping ErrInvalidInput when the input is
-// inconsistent (see Validate); it never panics on bad input.
+// On an input that Validate refuses it either returns an error wrapping
+// ErrInvalidInput or an Action that is still safe: it allocates only
+// candidates, each once and to one request, and releases only pods the
+// request holds. It never panics on bad input. algorithmtest.Run checks
+// all of this. (The allocator hands a strategy a copy of its state and
+// checks every Action against the pool itself, so a strategy that breaks
+// the contract cannot hand out a held pod; ErrPlan reports it.)
 type Algorithm interface {
 	Plan(in Input) (Action, error)
 }

@@ -109,6 +109,16 @@ type Result struct {
 	// Starting of them (never fewer than none): pods that are unready
 	// because a claim holds them, or on their way out, do not count.
 	Starting int
+	// Warnings are what the round found wrong with claims and dealt with
+	// itself, each a *ClaimError or an error naming the pod, matching its
+	// sentinel: a record that differs from what its claim holds
+	// (ErrUntrustedRecord; it is rewritten, an unmarked pod it lists is
+	// recycled first), an owner's release list that cannot be read
+	// (ErrInvalidRelease; ignored for that claim), a mark removal that lost
+	// a race and is retried next round (ErrWrite). They are not errors of
+	// the round: a caller need not requeue for them. Report them to the
+	// claim's owner (an event, say).
+	Warnings []error
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
 	Shortfall int
@@ -125,7 +135,17 @@ type Allocator interface {
 	// records. The Result is valid also when err is non-nil: err then says
 	// what did not happen (a claim whose write failed, a recycle that
 	// failed, a pool blocked by an unreadable record), and the caller
-	// should run another round later.
+	// should run another round later. What the round dealt with itself is
+	// in Result.Warnings, not in err.
+	//
+	// A ctx already ended makes Round return its error (errors.Is with
+	// context.Canceled or context.DeadlineExceeded) and change nothing. A
+	// ctx that ends during the round stops it before its writes if they
+	// have not begun; writes already in flight fail with it and count as
+	// writes of unknown outcome, which later rounds settle. Round logs
+	// through logr.FromContextOrDiscard(ctx): nothing at the default
+	// level, each warning at V(2), a one-line summary at V(4), and each
+	// claim's hand-outs, releases and lost pods at V(5).
 	Round(ctx context.Context, in Input) (Result, error)
 
 	// Update is Round for a caller that tracks what changed: it applies
@@ -133,7 +153,7 @@ type Allocator interface {
 	// round whose cost grows with the changes and the claims still
 	// waiting, not with the pool. The pool's first round must be a Round,
 	// which recovers the pool from a complete listing; Update before that
-	// is ErrInvalidInput.
+	// is ErrInvalidInput. ctx and logging are as for Round.
 	Update(ctx context.Context, ch Changes) (Result, error)
 
 	// ForgetPool drops everything known about a pool that was deleted. A

@@ -57,7 +57,7 @@ func newBenchPool(b *testing.B, pods, per int, opts ...allocator.Option) *benchP
 // The benchmarks measure the record path: their pods live only in the round
 // input, not on the fake server, so pod marks (one more pod patch per pod
 // handed out) are off.
-var benchOpts = []allocator.Option{allocator.WithoutPodMarks()}
+var benchOpts = []allocator.Option{allocator.WithPodMarks(false)}
 
 // newBenchPoolHeld is newBenchPool with held pods held.
 func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Option) *benchPool {
@@ -302,7 +302,7 @@ func BenchmarkRoundNoServer(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				bp.a, err = allocator.New(nil, allocator.WithoutPodMarks(), allocator.WithSyncer(&memSyncer{AllocationSyncer: real}))
+				bp.a, err = allocator.New(nil, allocator.WithPodMarks(false), allocator.WithSyncer(&memSyncer{AllocationSyncer: real}))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -372,7 +372,7 @@ func heapInput(marks bool, claims int) allocator.Input {
 // stays alive throughout.
 func heapOf(b *testing.B, c client.Client, marks bool, claims int, keepListing bool) float64 {
 	b.Helper()
-	opts := []allocator.Option{allocator.WithoutPodMarks()}
+	opts := []allocator.Option{allocator.WithPodMarks(false)}
 	if marks {
 		opts = nil
 	}

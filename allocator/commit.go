@@ -524,7 +524,7 @@ func (r *round) apply(w *write) {
 		// rest are given back through recycling next round.
 		if len(w.done) > 0 {
 			if err := st.Free(p.name, ci.uid, w.done); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, err))
+				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 				return
 			}
 			for _, name := range w.done {
@@ -616,7 +616,7 @@ func (r *round) apply(w *write) {
 		free := append(slices.Clone(w.done), w.drop...)
 		if len(free) > 0 {
 			if err := st.Free(p.name, ci.uid, free); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, err))
+				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 				return
 			}
 			for _, name := range free {
@@ -634,7 +634,7 @@ func (r *round) apply(w *write) {
 		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, err))
+				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 				return
 			}
 			for _, name := range newly {

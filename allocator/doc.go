@@ -50,7 +50,7 @@
 //
 // # Pod marks
 //
-// Pod marks are on by default (WithoutPodMarks turns them off). The
+// Pod marks are on by default (WithPodMarks(false) turns them off). The
 // allocator marks each pod it hands out with its claim (an annotation
 // written under the pod's resourceVersion before the claim's record,
 // removed after the pod's release is recorded). Marks cost a pod write per
@@ -104,21 +104,34 @@
 //     allocated or released until the record is fixed. Other pools go on.
 //   - ErrPlan: the algorithm failed or broke its contract; nothing was
 //     committed.
-//   - ErrWrite: a claim's record could not be written; the claim and the
-//     store are as they were, and the next round retries. A write whose
-//     outcome is unknown keeps its pods out of the pool until it is settled.
+//   - ErrWrite: a claim's record, or a pod's mark, could not be written;
+//     the claim and the store are as they were, and the next round
+//     retries. A write whose outcome is unknown keeps its pods out of the
+//     pool until it is settled.
 //   - ErrRecycle: the recycler failed for a pod; it stays held and is
 //     offered again next round.
+//   - ErrRead: a live read of a pod or claim failed; what depended on it
+//     waits for the next round.
+//   - ErrStore: the store could not say who holds what, or refused a
+//     write; nothing was decided on a guess, and the next round tries
+//     again.
+//   - context.Canceled, context.DeadlineExceeded: ctx ended (see Round).
+//
+// A Round that returns an error still returns a valid Result; run another
+// round later. What a round dealt with itself is not an error: it is in
+// Result.Warnings, each matching its sentinel:
+//
 //   - ErrUntrustedRecord: a record lists pods the claim does not hold (not
 //     marked for it, absent, or unmarked and so recycled first); they are
 //     not handed to it and the record is written again.
 //   - ErrInvalidRelease: a claim's release list cannot be read; it is
 //     ignored for that claim alone and the pool goes on.
-//   - ErrStore: the store could not say who holds what; nothing was
-//     committed, and the next round tries again.
+//   - ErrWrite: a mark's removal lost a race with another write of the
+//     pod and is retried next round.
 //
-// A Round that returns an error still returns a valid Result; run another
-// round later.
+// Errors name the pool, then the claim or pod, once, then the sentinel and
+// the cause: "pool ns/p: claim ns/c: record write failed: ...". Match them
+// with errors.Is; use errors.As with *ClaimError for the claim.
 //
 // # Example
 //
@@ -133,5 +146,5 @@
 //		Pods:   pods.Items,
 //		Claims: []allocator.Claim{{Object: job, Want: 2}},
 //	})
-//	// create res.Shortfall more pods; on error, requeue
+//	// create res.Shortfall - res.Starting more pods; on error, requeue
 package allocator

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -30,8 +31,9 @@ var (
 	// contract (a pod that is not a candidate, a pod twice, a release of a
 	// pod the claim does not hold). Nothing was committed.
 	ErrPlan = errors.New("algorithm plan rejected")
-	// ErrWrite: a claim's record could not be written. Its pods are as
-	// they were on the API server and in the store; the next round retries.
+	// ErrWrite: a claim's record, or a pod's mark, could not be written.
+	// Its pods are as they were on the API server and in the store; the
+	// next round retries.
 	ErrWrite = errors.New("record write failed")
 	// ErrRecycle: the recycle hook failed for a pod. The pod stays held by
 	// its claim and is offered to the hook again next round.
@@ -41,12 +43,17 @@ var (
 	// misses pods it holds (edited by hand, or, with pod marks, pods not
 	// marked for it at recovery). Pods it lists wrongly are not handed to
 	// it, pods it misses stay held, and the next write of its record puts
-	// it right.
+	// it right. Reported in Result.Warnings, not as an error of the round.
 	ErrUntrustedRecord = errors.New("record differs from what the claim holds")
 	// ErrInvalidRelease: a claim's release list (its owner's request to
 	// give pods back) cannot be read. It is taken as empty for that claim
-	// alone; the claim keeps its pods and the pool goes on.
+	// alone; the claim keeps its pods and the pool goes on. Reported in
+	// Result.Warnings, not as an error of the round.
 	ErrInvalidRelease = errors.New("release request unreadable")
+	// ErrRead: a live read of a pod or claim (WithAPIReader, else the
+	// client) failed. What depended on it waits for the next round;
+	// nothing was decided on a guess.
+	ErrRead = errors.New("live read failed")
 	// ErrStore: the store (WithStore), the index of holdings, failed to
 	// answer. A pod whose holder it cannot tell counts as held: nothing is
 	// handed out or released on a guess, and the next round tries again.
@@ -62,7 +69,18 @@ type ClaimError struct {
 }
 
 func (e *ClaimError) Error() string {
-	return fmt.Sprintf("pool %s: claim %s: %v", e.Pool, e.Claim, e.Err)
+	// The errors wrapped may name the claim themselves (the syncer's do):
+	// it is named once, here.
+	msg := strings.ReplaceAll(e.Err.Error(), "claim "+e.Claim.String()+": ", "")
+	return fmt.Sprintf("pool %s: claim %s: %s", e.Pool, e.Claim, msg)
 }
 
 func (e *ClaimError) Unwrap() error { return e.Err }
+
+// storeErr wraps an error of the store's writer with ErrStore, once.
+func storeErr(err error) error {
+	if errors.Is(err, ErrStore) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStore, err)
+}

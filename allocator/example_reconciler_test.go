@@ -190,7 +190,7 @@ func TestStartingCountsOnlyPodsOnTheirWay(t *testing.T) {
 		pod("failed", false, func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }),
 		pod("done", false, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
 	}}
-	a, err := allocator.New(c, allocator.WithoutPodMarks())
+	a, err := allocator.New(c, allocator.WithPodMarks(false))
 	require.NoError(t, err)
 	res, err := a.Round(ctx, in)
 	require.NoError(t, err)

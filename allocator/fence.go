@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,8 +69,15 @@ import (
 //     write that may return the version it replaced lets a deleted claim
 //     go; marks it leaves go once the claim is found gone (fenceGone).
 
-// rvNum is a resourceVersion as a number, 0 if it is not one.
+// rvNum is a resourceVersion as a number, 0 if it is not one. It accepts
+// what apimachinery's resourceversion.CompareResourceVersion accepts (a
+// positive decimal integer without leading zeros) that fits in 64 bits:
+// the allocator keeps versions as numbers, eight bytes each, to compare
+// versions of different pods and claims (etcd revisions order every write).
 func rvNum(rv string) uint64 {
+	if rv == "" || rv[0] == '0' {
+		return 0
+	}
 	n, err := strconv.ParseUint(rv, 10, 64)
 	if err != nil {
 		return 0
@@ -228,7 +236,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		p.tomark[name] = ci.uid
 		if !r.a.cfg.markMigrate {
 			r.startRecycling(ci, pi)
-			r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: pod %s carries no mark: it is recycled before anyone gets it (WithPodMarkMigration believes such records)",
+			r.warn(r.claimErr(ci, fmt.Errorf("%w: pod %s carries no mark: it is recycled before anyone gets it (WithPodMarkMigration believes such records)",
 				ErrUntrustedRecord, name)))
 		}
 		return true
@@ -241,7 +249,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 		name = pi.name // the pod's own string, not the record's copy
 	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
-		r.errs = append(r.errs, r.claimErr(ci, err))
+		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 		return false
 	}
 	r.hold(ci, name)
@@ -255,7 +263,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 // says ci does not hold it.
 func (r *round) drop(ci *claimInfo, pi *podInfo) {
 	if err := r.a.cfg.store.Free(r.p.name, ci.uid, []string{pi.name}); err != nil {
-		r.errs = append(r.errs, r.claimErr(ci, err))
+		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 		return
 	}
 	r.unhold(ci, pi, 0)
@@ -414,7 +422,7 @@ func (r *round) verifyPods() {
 	}
 	verify := r.verify
 	r.verify = nil
-	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return compareStrings(x.name, y.name) })
+	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return strings.Compare(x.name, y.name) })
 	names := make([]string, len(pis))
 	for i, pi := range pis {
 		names[i] = pi.name
@@ -426,7 +434,7 @@ func (r *round) verifyPods() {
 		case apierrors.IsNotFound(rd.err):
 			r.podGone(pi.name, pi)
 		case rd.err != nil:
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, pi.name, rd.err))
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name, ErrRead, rd.err))
 			continue
 		default:
 			r.observePod(&rd.pod)
@@ -488,7 +496,7 @@ func (r *round) findPods() {
 		name, pod := names[i], &rd.pod
 		if rd.err != nil {
 			if !apierrors.IsNotFound(rd.err) {
-				r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, name, rd.err))
+				r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, name, ErrRead, rd.err))
 			}
 			continue
 		}
@@ -514,16 +522,6 @@ func (r *round) findPods() {
 			}
 		}
 	}
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // resolveMark decides what a pod's mark means when the claim it names
@@ -685,7 +683,7 @@ func (r *round) confirmClaims() {
 	for _, j := range jobs {
 		if j.err != nil {
 			if !apierrors.IsNotFound(j.err) {
-				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("read claim: %w", j.err)))
+				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: %w", ErrRead, j.err)))
 			}
 			for _, name := range j.names {
 				pi := r.p.heldPod(j.ci, name)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -204,6 +205,6 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("stray entry %s has no pod entry", name)
 		}
 	}
-	slices.SortFunc(errs, func(x, y error) int { return compareStrings(x.Error(), y.Error()) })
+	slices.SortFunc(errs, func(x, y error) int { return strings.Compare(x.Error(), y.Error()) })
 	return errors.Join(errs...)
 }

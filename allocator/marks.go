@@ -209,9 +209,13 @@ func (r *round) unmarkPods() {
 			delete(r.p.unmark, pi.name)
 		case apierrors.IsNotFound(j.err):
 			delete(r.p.unmark, pi.name)
+		case apierrors.IsConflict(j.err):
+			// The pod changed meanwhile: retried next round, on the pod as
+			// the next listing shows it. Nothing went wrong.
+			r.warn(fmt.Errorf("pool %s: pod %s: %w: unmark retried next round: %w", r.p.name, pi.name, ErrWrite, j.err))
 		default:
-			// Retried next round, on the pod as the next listing shows it.
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: unmark: %w", r.p.name, pi.name, j.err))
+			// Retried next round too, but the API server refused it.
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: unmark: %w", r.p.name, pi.name, ErrWrite, j.err))
 		}
 	}
 	for _, pi := range again {

@@ -63,7 +63,7 @@ func (g *gatedRecycler) recycle(_ context.Context, req allocator.RecycleRequest)
 func TestPodMarksFollowTheLifecycle(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 3)
-	a := f.alloc(allocator.WithPodMarks(""))
+	a := f.alloc(allocator.WithPodMarks(true))
 	c := f.claim("c", "p", 2)
 	f.round(a, pool)
 	held := f.held("c")
@@ -82,7 +82,7 @@ func TestPodMarksFollowTheLifecycle(t *testing.T) {
 func TestPodMarksRecycleForceDeletedClaimAfterRestart(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 2)
-	a := f.alloc(allocator.WithPodMarks(""))
+	a := f.alloc(allocator.WithPodMarks(true))
 	f.claim("old", "p", 2)
 	f.round(a, pool)
 	dirty := f.held("old")
@@ -93,7 +93,7 @@ func TestPodMarksRecycleForceDeletedClaimAfterRestart(t *testing.T) {
 	f.claim("new", "p", 2)
 
 	var g gatedRecycler
-	b := f.alloc(allocator.WithPodMarks(""), allocator.WithRecycler(g.recycle))
+	b := f.alloc(allocator.WithPodMarks(true), allocator.WithRecycler(g.recycle))
 	res := f.round(b, pool)
 	require.Empty(t, f.held("new"), "the pods are dirty: not handed out before recycling")
 	require.Equal(t, dirty, res.Recycling)
@@ -110,12 +110,12 @@ func TestWithoutPodMarksForceDeleteWhileDownIsNotDetected(t *testing.T) {
 	// README's Limitations stay true.
 	f := newFixture(t)
 	pool := f.pool("p", 1)
-	a := f.alloc(allocator.WithoutPodMarks())
+	a := f.alloc(allocator.WithPodMarks(false))
 	f.claim("old", "p", 1)
 	f.round(a, pool)
 	f.forceDelete("old")
 	f.claim("new", "p", 1)
-	b := f.alloc(allocator.WithoutPodMarks())
+	b := f.alloc(allocator.WithPodMarks(false))
 	res := f.round(b, pool)
 	require.Equal(t, []string{"p-0"}, f.held("new"))
 	require.Empty(t, res.Recycling)
@@ -126,8 +126,8 @@ func TestTwoAllocatorsWithPodMarksNeverShareAPod(t *testing.T) {
 	pool := f.pool("p", 8)
 	// Different strategies, so the two make different choices: with the
 	// same one they would deterministically agree and hide the race.
-	a1 := f.alloc(allocator.WithPodMarks(""))
-	a2 := f.alloc(allocator.WithPodMarks(""), allocator.WithAlgorithm(algorithm.Spread{}))
+	a1 := f.alloc(allocator.WithPodMarks(true))
+	a2 := f.alloc(allocator.WithPodMarks(true), allocator.WithAlgorithm(algorithm.Spread{}))
 	// Both recover the empty pool first, as two replicas would at start:
 	// from then on neither believes records it did not write.
 	f.round(a1, pool)
@@ -205,7 +205,7 @@ func TestClaimEditorCannotTakePods(t *testing.T) {
 			pool := f.pool("p", 3)
 			var mu sync.Mutex
 			var recycled []string
-			opts := []allocator.Option{allocator.WithPodMarks(""),
+			opts := []allocator.Option{allocator.WithPodMarks(true),
 				allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
 					mu.Lock()
 					defer mu.Unlock()

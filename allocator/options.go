@@ -95,12 +95,15 @@ func PodReady(p *corev1.Pod) bool {
 	return false
 }
 
-// DefaultZoneLabel is the pod label read for a candidate's zone.
-const DefaultZoneLabel = corev1.LabelTopologyZone
+// ZoneLabel is the pod label read for a candidate's zone
+// (algorithm.Candidate.Zone), for strategies of your own: the built-in ones
+// do not look at zones.
+const ZoneLabel = corev1.LabelTopologyZone
 
 type config struct {
 	client      client.Client
 	markKey     string
+	marksOff    bool
 	markMigrate bool
 	store       store.AllocationStore
 	syncer      syncer.AllocationSyncer
@@ -116,7 +119,6 @@ type config struct {
 	writers     int
 	quarantine  time.Duration
 	replaceLost bool
-	zoneLabel   string
 	claimType   client.Object
 	// nilSet names the options that were given nil where nil is not
 	// allowed (WithStore, WithSyncer, WithAPIReader, WithClaimType).
@@ -215,9 +217,8 @@ func WithReplaceLost(replace bool) Option {
 // DefaultPodMarkKey is the pod annotation pod marks use by default.
 const DefaultPodMarkKey = "poolalloc.io/claim"
 
-// WithPodMarks sets the pod annotation of pod marks (key; "" means
-// DefaultPodMarkKey). Pod marks are on by default; WithoutPodMarks turns
-// them off.
+// WithPodMarks turns pod marks on (the default) or off; WithPodMarkKey
+// sets their annotation.
 //
 // With pod marks the allocator marks every pod it hands out with its
 // claim's name and UID, in an annotation on the pod written with the pod's
@@ -244,7 +245,17 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 // The client given to New must be allowed to patch pods, and the API reader
 // (WithAPIReader, else the client) to get pods and claims: the allocator
 // reads them live where a listing is older than what it must decide on.
-func WithPodMarks(key string) Option {
+//
+// WithPodMarks(false) turns them off: one write per hand-out instead of
+// two, at the price of all the above. In particular the pods of a claim
+// force-deleted while no allocator ran look free after a restart and may
+// be handed out without being recycled (DESIGN's I6 then holds only for
+// claims deleted gracefully).
+func WithPodMarks(on bool) Option { return optionFunc(func(c *config) { c.marksOff = !on }) }
+
+// WithPodMarkKey sets the pod annotation of pod marks; "" means
+// DefaultPodMarkKey, the default. It must be a valid annotation key.
+func WithPodMarkKey(key string) Option {
 	return optionFunc(func(c *config) {
 		if key == "" {
 			key = DefaultPodMarkKey
@@ -252,13 +263,6 @@ func WithPodMarks(key string) Option {
 		c.markKey = key
 	})
 }
-
-// WithoutPodMarks turns pod marks off: one write per hand-out instead of
-// two, at the price of what WithPodMarks lists. In particular the pods of a
-// claim force-deleted while no allocator ran look free after a restart and
-// may be handed out without being recycled (DESIGN's I6 then holds only for
-// claims deleted gracefully).
-func WithoutPodMarks() Option { return optionFunc(func(c *config) { c.markKey = "" }) }
 
 // WithPodMarkMigration makes recovery believe records that list pods
 // carrying no mark, and mark them: for the first start with pod marks on
@@ -298,10 +302,6 @@ func (c *config) checkNil(option string, v any) {
 	}
 }
 
-// WithZoneLabel sets the pod label read as a candidate's zone (default
-// DefaultZoneLabel); empty disables it.
-func WithZoneLabel(key string) Option { return optionFunc(func(c *config) { c.zoneLabel = key }) }
-
 func newConfig(c client.Client, opts []Option) (*config, error) {
 	cfg := &config{
 		client:     c,
@@ -312,7 +312,6 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		clock:      clock.RealClock{},
 		writers:    16,
 		quarantine: DefaultQuarantine,
-		zoneLabel:  DefaultZoneLabel,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -345,12 +344,15 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 			return nil, fmt.Errorf("%w: WithClaimType: an unstructured object needs its apiVersion and kind", ErrInvalidOption)
 		}
 	}
+	if cfg.marksOff {
+		cfg.markKey = ""
+	}
 	if cfg.markMigrate && cfg.markKey == "" {
-		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithoutPodMarks", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithPodMarks(false)", ErrInvalidOption)
 	}
 	if cfg.markKey != "" {
 		if c == nil {
-			return nil, fmt.Errorf("%w: pod marks need a client (or WithoutPodMarks)", ErrInvalidOption)
+			return nil, fmt.Errorf("%w: pod marks need a client (or WithPodMarks(false))", ErrInvalidOption)
 		}
 		if errs := content.IsLabelKey(cfg.markKey); len(errs) > 0 {
 			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,12 +52,12 @@ func TestNewRefusesBadOptions(t *testing.T) {
 			"apiVersion": testenv.ClaimGVK.GroupVersion().String(), "kind": "ClaimList", "items": []any{},
 		}})}, "is a list"},
 		{"unstructured claim type without kind", c, []allocator.Option{allocator.WithClaimType(&unstructured.Unstructured{})}, "apiVersion and kind"},
-		{"migration without marks", c, []allocator.Option{allocator.WithoutPodMarks(), allocator.WithPodMarkMigration(true)}, "WithPodMarkMigration with WithoutPodMarks"},
+		{"migration without marks", c, []allocator.Option{allocator.WithPodMarks(false), allocator.WithPodMarkMigration(true)}, "WithPodMarkMigration with WithPodMarks(false)"},
 		{"marks without client", nil, []allocator.Option{allocator.WithSyncer(s)}, "pod marks need a client"},
-		{"bad mark key", c, []allocator.Option{allocator.WithPodMarks("not a key!")}, `pod mark key "not a key!"`},
+		{"bad mark key", c, []allocator.Option{allocator.WithPodMarkKey("not a key!")}, `pod mark key "not a key!"`},
 		{"keys with syncer", c, []allocator.Option{allocator.WithSyncer(s), allocator.WithKeys(syncer.DefaultKeys())}, "cannot be combined with WithSyncer"},
 		{"API reader with syncer", c, []allocator.Option{allocator.WithSyncer(s), allocator.WithAPIReader(c)}, "cannot be combined with WithSyncer"},
-		{"no client, no syncer", nil, []allocator.Option{allocator.WithoutPodMarks()}, "nil client and no syncer"},
+		{"no client, no syncer", nil, []allocator.Option{allocator.WithPodMarks(false)}, "nil client and no syncer"},
 		{"bad keys", c, []allocator.Option{allocator.WithKeys(syncer.Keys{Allocated: "a/b"})}, "is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,7 +74,7 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	// What the options allow works.
 	for _, opts := range [][]allocator.Option{
 		{allocator.WithStore(store.NewSorted()), allocator.WithAPIReader(c), allocator.WithClaimType(&testenv.Claim{})},
-		{allocator.WithSyncer(s), allocator.WithoutPodMarks()},
+		{allocator.WithSyncer(s), allocator.WithPodMarks(false)},
 		{allocator.WithAlgorithm(algorithm.Packed{}), allocator.WithReadiness(func(*corev1.Pod) bool { return true })},
 	} {
 		_, err := allocator.New(c, opts...)
@@ -113,5 +114,37 @@ func TestWithQuarantineSetsHowLongAMissingClaimKeepsItsPods(t *testing.T) {
 		_, err := allocator.New(c, allocator.WithQuarantine(d))
 		require.ErrorIs(t, err, allocator.ErrInvalidOption)
 		require.ErrorContains(t, err, "quarantine")
+	}
+}
+
+// TestPodMarkSwitches checks WithPodMarks and WithPodMarkKey: the last
+// WithPodMarks wins, and marks go under the key set.
+func TestPodMarkSwitches(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts []allocator.Option
+		key  string // where the mark is expected; "" for none
+	}{
+		{"default", nil, allocator.DefaultPodMarkKey},
+		{"off", []allocator.Option{allocator.WithPodMarks(false)}, ""},
+		{"off then on", []allocator.Option{allocator.WithPodMarks(false), allocator.WithPodMarks(true)}, allocator.DefaultPodMarkKey},
+		{"own key", []allocator.Option{allocator.WithPodMarkKey("example.com/holder")}, "example.com/holder"},
+		{"own key, off", []allocator.Option{allocator.WithPodMarkKey("example.com/holder"), allocator.WithPodMarks(false)}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl, pool, _ := regressionPool(t, 1, 1)
+			a, err := allocator.New(cl, c.opts...)
+			require.NoError(t, err)
+			firstRound(t, a, cl, pool)
+			var pod corev1.Pod
+			require.NoError(t, cl.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "p-0"}, &pod))
+			for _, key := range []string{allocator.DefaultPodMarkKey, "example.com/holder"} {
+				if key == c.key {
+					require.Equal(t, "c/uid-c", pod.Annotations[key])
+				} else {
+					require.NotContains(t, pod.Annotations, key)
+				}
+			}
+		})
 	}
 }

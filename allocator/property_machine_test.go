@@ -20,7 +20,7 @@ package allocator_test
 // released, a landed release of unknown outcome taken for tampering, pod
 // marks left behind, reserved pods written back although unready or beyond
 // the claim's want, and (without pod marks) orphans lost by a restart, now
-// the documented limit of WithoutPodMarks that the machine steers around.
+// the documented limit of WithPodMarks(false) that the machine steers around.
 
 import (
 	"context"
@@ -251,7 +251,7 @@ func newMachine(t *rapid.T, b *backend, stats *propertyStats, id int) *machine {
 		allocator.WithWriteConcurrency(rapid.IntRange(1, 4).Draw(t, "writers")),
 	}
 	if m.marks = rapid.Bool().Draw(t, "pod marks"); !m.marks {
-		m.opts = append(m.opts, allocator.WithoutPodMarks())
+		m.opts = append(m.opts, allocator.WithPodMarks(false))
 	}
 	m.sorted = rapid.Bool().Draw(t, "sorted store")
 	m.recAuto = rapid.IntRange(0, 3).Draw(t, "recycler finishes everything unless 0") > 0
@@ -571,8 +571,19 @@ func (m *machine) afterRound(in allocator.Input, res allocator.Result, err error
 	}
 	// A replayed listing may show a claim the allocator forgot (gone, or
 	// holding nothing) with an old record: refusing to trust it is right.
-	if fresh && errors.Is(err, allocator.ErrUntrustedRecord) {
-		m.fatalf("round on %s: unexpected error on a current listing: %v", in.Pool, err)
+	if fresh && errors.Is(errors.Join(res.Warnings...), allocator.ErrUntrustedRecord) {
+		m.fatalf("round on %s: unexpected warning on a current listing: %v", in.Pool, errors.Join(res.Warnings...))
+	}
+	// Warnings are never errors of the round, and match a sentinel.
+	for _, sentinel := range []error{allocator.ErrUntrustedRecord, allocator.ErrInvalidRelease} {
+		if errors.Is(err, sentinel) {
+			m.fatalf("round on %s: %v returned as an error, not a warning: %v", in.Pool, sentinel, err)
+		}
+	}
+	for _, w := range res.Warnings {
+		if !errors.Is(w, allocator.ErrUntrustedRecord) && !errors.Is(w, allocator.ErrInvalidRelease) && !errors.Is(w, allocator.ErrWrite) {
+			m.fatalf("round on %s: warning matching no sentinel: %v", in.Pool, w)
+		}
 	}
 	// Nothing writes between a current listing and its round: a write that
 	// fails there, without an injected fault, is a bug (e.g. a write
@@ -1130,7 +1141,7 @@ func (m *machine) advanceClock(t *rapid.T) {
 
 func (m *machine) restart(t *rapid.T) {
 	// Without pod marks, a claim force-deleted and then a restart before
-	// its pods were recycled is the documented limit of WithoutPodMarks.
+	// its pods were recycled is the documented limit of WithPodMarks(false).
 	if !m.marks {
 		// Pods handed to a claim that is gone and not yet recycled live
 		// only in the allocator's memory (store or quarantine).

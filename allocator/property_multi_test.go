@@ -890,7 +890,7 @@ func (m *mmMachine) startAllocator(t *rapid.T) *mmAlloc {
 		allocator.WithClaimType(&testenv.Claim{}),
 	}
 	if !m.marks {
-		opts = append(opts, allocator.WithoutPodMarks())
+		opts = append(opts, allocator.WithPodMarks(false))
 	}
 	a, err := allocator.New(m.clientFor(al), opts...)
 	m.must(err, "allocator.New")
@@ -1105,7 +1105,7 @@ func filterPool(pool string, pods []corev1.Pod, claims []testenv.Claim) ([]corev
 // drawListing draws a fresh or lagging listing of pool for al. Without pod
 // marks an allocator's first round of a pool gets a fresh listing: nothing
 // fences a recovery from stale records then (a documented limit of
-// WithoutPodMarks).
+// WithPodMarks(false)).
 func (m *mmMachine) drawListing(t *rapid.T, al *mmAlloc, pool string) mmListing {
 	l := mmListing{pool: pool, what: "fresh"}
 	unstr := rapid.Bool().Draw(t, "unstructured claims")
@@ -1844,7 +1844,7 @@ func (m *mmMachine) premark(claim types.UID) bool {
 func (m *mmMachine) moveClaim(t *rapid.T) {
 	if !m.marks {
 		// Without pod marks nothing tells the old pool that a moved
-		// claim's pods are dirty: a documented limit of WithoutPodMarks.
+		// claim's pods are dirty: a documented limit of WithPodMarks(false).
 		t.Skip("pod marks are off")
 	}
 	c := m.pickClaim(t)

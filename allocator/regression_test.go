@@ -614,7 +614,8 @@ func TestRegressionMalformedReleaseKeepsHeldPods(t *testing.T) {
 	cl.Spec.Replicas = 2
 	require.NoError(t, c.Update(ctx, cl))
 	res, err = world.Round(ctx, a, c, pool)
-	require.ErrorIs(t, err, allocator.ErrInvalidRelease)
+	require.NoError(t, err)
+	require.ErrorIs(t, errors.Join(res.Warnings...), allocator.ErrInvalidRelease)
 	require.Len(t, res.Allocated, 1)
 	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
 	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
@@ -976,7 +977,7 @@ func TestRegressionLandedReleaseIsNotRecycledAgain(t *testing.T) {
 			rec := &onceRecycler{}
 			opts := []allocator.Option{allocator.WithRecycler(rec.recycle)}
 			if !marks {
-				opts = append(opts, allocator.WithoutPodMarks())
+				opts = append(opts, allocator.WithPodMarks(false))
 			}
 			a, err := allocator.New(c, opts...)
 			require.NoError(t, err)
@@ -1022,7 +1023,7 @@ func TestRegressionNoMarksConflictAfterLandedRelease(t *testing.T) {
 	cl.Finalizers = []string{"test.poolalloc.io/keep"}
 	require.NoError(t, c.Create(ctx, cl))
 	rec := &onceRecycler{}
-	a, err := allocator.New(c, allocator.WithoutPodMarks(), allocator.WithRecycler(rec.recycle))
+	a, err := allocator.New(c, allocator.WithPodMarks(false), allocator.WithRecycler(rec.recycle))
 	require.NoError(t, err)
 	_, err = world.Round(ctx, a, c, pool)
 	require.NoError(t, err)
@@ -1256,9 +1257,9 @@ func TestSyncerBreakingWriteContractIsAnError(t *testing.T) {
 		markGone bool
 	}{
 		{"no new version", func(s syncer.AllocationSyncer) syncer.AllocationSyncer { return noVersionSyncer{s} },
-			"claim ns/c: write record: the syncer returned the claim at resourceVersion", true},
+			"claim ns/c: record write failed: write record: the syncer returned the claim at resourceVersion", true},
 		{"no claim", func(s syncer.AllocationSyncer) syncer.AllocationSyncer { return nilObjectSyncer{s} },
-			"claim ns/c: write record: the syncer returned no claim", false},
+			"claim ns/c: record write failed: write record: the syncer returned no claim", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, pool, _ := regressionPool(t, 1, 1)
@@ -1321,7 +1322,7 @@ func TestRegressionReservedPodRidesAlongOnlyWhenItMayBeHanded(t *testing.T) {
 				c, pool, cl := regressionPoolOn(t, c, 1, 1)
 				var opts []allocator.Option
 				if !marks {
-					opts = append(opts, allocator.WithoutPodMarks())
+					opts = append(opts, allocator.WithPodMarks(false))
 				}
 				a, err := allocator.New(c, opts...)
 				require.NoError(t, err)

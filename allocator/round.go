@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +67,63 @@ type round struct {
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
+	return a.logged(ctx, "Round", in.Pool, func() (Result, error) { return a.doRound(ctx, in) })
+}
+
+func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, error) {
+	return a.logged(ctx, "Update", ch.Pool, func() (Result, error) { return a.doUpdate(ctx, ch) })
+}
+
+// logged runs a round unless ctx has ended, and logs it through the
+// context's logger (logr.FromContextOrDiscard): nothing at the default
+// level, each warning at V(2), a one-line summary at V(4), and each claim's
+// hand-outs and releases at V(5).
+func (a *defaultAllocator) logged(ctx context.Context, kind string, pool types.NamespacedName, run func() (Result, error)) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{Pool: pool}, fmt.Errorf("pool %s: %w", pool, err)
+	}
+	start := a.cfg.clock.Now()
+	res, err := run()
+	log := logr.FromContextOrDiscard(ctx).WithValues("pool", pool.String())
+	if log.GetSink() == nil || !log.V(2).Enabled() {
+		return res, err
+	}
+	for _, w := range res.Warnings {
+		log.V(2).Info("dealt with a claim's problem", "warning", w.Error())
+	}
+	if v := log.V(4); v.Enabled() {
+		kv := []any{"allocated", grantPods(res.Allocated), "released", grantPods(res.Released),
+			"recycling", len(res.Recycling), "lost", len(res.Lost), "idle", res.IdleCount,
+			"starting", res.Starting, "shortfall", res.Shortfall, "warnings", len(res.Warnings),
+			"took", a.cfg.clock.Since(start).String()}
+		if err != nil {
+			kv = append(kv, "error", err.Error())
+		}
+		v.Info(kind, kv...)
+	}
+	if v := log.V(5); v.Enabled() {
+		for _, g := range res.Allocated {
+			v.Info("allocated", "claim", g.Claim.String(), "uid", string(g.UID), "pods", g.Pods)
+		}
+		for _, g := range res.Released {
+			v.Info("released", "claim", g.Claim.String(), "uid", string(g.UID), "pods", g.Pods)
+		}
+		for _, l := range res.Lost {
+			v.Info("lost", "claim", l.Claim.String(), "uid", string(l.UID), "pod", l.Pod, "missing", l.Missing)
+		}
+	}
+	return res, err
+}
+
+func grantPods(gs []algorithm.Grant) int {
+	n := 0
+	for _, g := range gs {
+		n += len(g.Pods)
+	}
+	return n
+}
+
+func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error) {
 	res := Result{Pool: in.Pool}
 	if err := validatePool(in.Pool); err != nil {
 		return res, err
@@ -135,7 +194,7 @@ func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) 
 	return r.run()
 }
 
-func (a *defaultAllocator) Update(ctx context.Context, ch Changes) (Result, error) {
+func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, error) {
 	res := Result{Pool: ch.Pool}
 	if err := validatePool(ch.Pool); err != nil {
 		return res, err
@@ -192,6 +251,11 @@ func (r *round) run() (Result, error) {
 	if err != nil {
 		r.report()
 		return *r.res, err
+	}
+	if err := r.ctx.Err(); err != nil {
+		// Cancelled before the round's writes: none is made.
+		r.report()
+		return *r.res, fmt.Errorf("pool %s: %w", r.p.name, err)
 	}
 	if err := r.p.takeStoreErr(); err != nil {
 		// Who holds what was not known for certain while planning: the
@@ -624,13 +688,7 @@ func (r *round) observePod(pod *corev1.Pod) {
 	}
 	pi.ready = r.a.cfg.ready(pod)
 	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	node, zone := pod.Spec.NodeName, ""
-	if pi.place != nil {
-		zone = pi.place.zone
-	}
-	if r.a.cfg.zoneLabel != "" {
-		zone = pod.Labels[r.a.cfg.zoneLabel]
-	}
+	node, zone := pod.Spec.NodeName, pod.Labels[ZoneLabel]
 	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
 		pi.place = p.placeOf(node, zone)
 	}
@@ -699,7 +757,7 @@ func (r *round) podGone(name string, pi *podInfo) {
 // blocked returns the error that makes the pool fail closed because of
 // claim c.
 func (r *round) blocked(uid types.UID, name types.NamespacedName, err error) error {
-	return fmt.Errorf("%w: %w", ErrPoolBlocked, &ClaimError{Pool: r.p.name, Claim: name, UID: uid, Err: err})
+	return &ClaimError{Pool: r.p.name, Claim: name, UID: uid, Err: fmt.Errorf("%w: %w", ErrPoolBlocked, err)}
 }
 
 // found is a claim met at recovery and the pods its record holds.
@@ -719,7 +777,7 @@ func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error
 		return rec, nil
 	}
 	if errors.Is(err, syncer.ErrMalformedRelease) {
-		r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: %w", ErrInvalidRelease, err)))
+		r.warn(r.claimErr(ci, fmt.Errorf("%w: %w", ErrInvalidRelease, err)))
 		rec.Release = nil
 		return rec, nil
 	}
@@ -1009,7 +1067,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 	untrusted := &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
 		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
 	ci.setUntrusted(untrusted)
-	r.errs = append(r.errs, untrusted)
+	r.warn(untrusted)
 }
 
 // reservationsByClaim groups the reserved pods by the claim they are
@@ -1142,7 +1200,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	r.p.dirty[ci] = struct{}{}
 	if landed {
 		if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
-			r.errs = append(r.errs, r.claimErr(ci, err))
+			r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 			for _, pi := range pods {
 				r.p.refreshFree(pi)
 			}
@@ -1182,6 +1240,10 @@ func (c *claimInfo) setRelease(release []string) {
 func (r *round) claimErr(ci *claimInfo, err error) error {
 	return &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid, Err: err}
 }
+
+// warn reports what the round found wrong and dealt with itself
+// (Result.Warnings).
+func (r *round) warn(err error) { r.res.Warnings = append(r.res.Warnings, err) }
 
 // plan builds the requests of claims whose holdings may change and asks the
 // algorithm. The action is checked before anything is committed.
@@ -1274,15 +1336,7 @@ func (r *round) plan() (algorithm.Action, error) {
 	for _, req := range reqs {
 		requested[req.UID] = p.claims[req.UID]
 	}
-	slices.SortFunc(reqs, func(x, y algorithm.Request) int {
-		if x.UID < y.UID {
-			return -1
-		}
-		if x.UID > y.UID {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(reqs, func(x, y algorithm.Request) int { return cmp.Compare(x.UID, y.UID) })
 	// The algorithm gets a copy of the free list: a strategy that sorts or
 	// edits its input in place must not reorder the pool's own list, and
 	// its action is checked against the pool's state, not against positions
@@ -1324,7 +1378,7 @@ func (r *round) checkLost() {
 	if len(absent) == 0 {
 		return
 	}
-	slices.SortFunc(absent, func(x, y *podInfo) int { return compareStrings(x.name, y.name) })
+	slices.SortFunc(absent, func(x, y *podInfo) int { return strings.Compare(x.name, y.name) })
 	names := make([]string, len(absent))
 	for i, pi := range absent {
 		names[i] = pi.name
@@ -1335,7 +1389,7 @@ func (r *round) checkLost() {
 		case apierrors.IsNotFound(rd.err), rd.err == nil && pi.uid != "" && rd.pod.UID != pi.uid:
 			// Gone: replaced, and dropped from the record.
 		case rd.err != nil:
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: read: %w", r.p.name, pi.name, rd.err))
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name, ErrRead, rd.err))
 			fallthrough
 		default:
 			if r.alive == nil {

@@ -96,7 +96,7 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 	ann := claim.GetAnnotations()
 	if size := annotationsSize(ann); size > MaxAnnotationsSize {
 		return Record{}, &RecordError{
-			Claim:  claimName(claim),
+			Claim:  client.ObjectKeyFromObject(claim),
 			Key:    s.largest(ann),
 			Reason: fmt.Sprintf("annotations total %d bytes, over the API server's limit of %d", size, MaxAnnotationsSize),
 			Err:    ErrRecordTooLarge,
@@ -197,7 +197,7 @@ func (s *AnnotationSyncer) Write(ctx context.Context, claim client.Object, rec R
 			key = s.keys.Released
 		}
 		return nil, &RecordError{
-			Claim: name,
+			Claim: client.ObjectKeyFromObject(claim),
 			Key:   key,
 			Reason: fmt.Sprintf("annotations would total %d bytes (%d allocated, %d released pods), over the API server's limit of %d",
 				size, len(rec.Allocated), len(rec.Released), MaxAnnotationsSize),
@@ -277,7 +277,7 @@ func withClaim(err error, claim client.Object, key string) error {
 		return fmt.Errorf("claim %s: record %s: %w", claimName(claim), key, err)
 	}
 	out := *re
-	out.Claim = claimName(claim)
+	out.Claim = client.ObjectKeyFromObject(claim)
 	out.Key = key
 	return &out
 }

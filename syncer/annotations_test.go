@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -226,7 +227,7 @@ func TestWriteRefusedBeforeSending(t *testing.T) {
 			require.ErrorIs(t, err, tc.err, tc.name)
 			var re *syncer.RecordError
 			require.ErrorAs(t, err, &re, tc.name)
-			require.Equal(t, testNamespace+"/"+claim.GetName(), re.Claim, tc.name)
+			require.Equal(t, types.NamespacedName{Namespace: testNamespace, Name: claim.GetName()}, re.Claim, tc.name)
 			require.Equal(t, tc.key, re.Key, tc.name)
 			require.Equal(t, before, claim, tc.name)
 		}
@@ -329,7 +330,7 @@ func TestRead(t *testing.T) {
 		_, err := s.Read(obj)
 		var re *syncer.RecordError
 		require.ErrorAs(t, err, &re)
-		require.Equal(t, &syncer.RecordError{Claim: testNamespace + "/c", Key: key, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRecord}, re)
+		require.Equal(t, &syncer.RecordError{Claim: types.NamespacedName{Namespace: testNamespace, Name: "c"}, Key: key, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRecord}, re)
 		require.Equal(t, `claim claims/c: record `+key+`: pod "a" listed twice: malformed record`, err.Error())
 		require.NotErrorIs(t, err, syncer.ErrMalformedRelease)
 		require.Equal(t, before, obj)
@@ -341,7 +342,7 @@ func TestRead(t *testing.T) {
 	rec, err = s.Read(obj)
 	var re *syncer.RecordError
 	require.ErrorAs(t, err, &re)
-	require.Equal(t, &syncer.RecordError{Claim: testNamespace + "/c", Key: keys.Release, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRelease}, re)
+	require.Equal(t, &syncer.RecordError{Claim: types.NamespacedName{Namespace: testNamespace, Name: "c"}, Key: keys.Release, Reason: `pod "a" listed twice`, Err: syncer.ErrMalformedRelease}, re)
 	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
 	require.ErrorIs(t, err, syncer.ErrMalformedRelease)
 	require.Equal(t, syncer.Record{Allocated: []string{"x"}}, rec)

@@ -94,7 +94,7 @@ func TestDecodePodsMalformed(t *testing.T) {
 		var re *syncer.RecordError
 		require.ErrorAs(t, err, &re, "%q", tc.in)
 		require.Contains(t, re.Reason, tc.reason, "%q", tc.in)
-		require.Empty(t, re.Claim)
+		require.Zero(t, re.Claim)
 		require.Empty(t, re.Key)
 		require.Equal(t, re.Reason+": "+want.Error(), err.Error())
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -78,6 +79,17 @@ type AllocationSyncer interface {
 	// lets the pod's mark go. The one exception: a write that removes the
 	// last finalizer of a claim being deleted lets the claim go, and the
 	// API server returns its last state at the resourceVersion replaced.
+	//
+	// Errors say whether the write landed. These mean it did not, for
+	// certain: a *RecordError (ErrRecordTooLarge, ErrMalformedRecord), and
+	// the API server's Conflict, NotFound, Invalid, Forbidden,
+	// Unauthorized, BadRequest, RequestEntityTooLarge and
+	// MethodNotSupported (apierrors.IsConflict, ...). Any other error (a
+	// timeout, a dropped connection, an internal error, a cancelled
+	// context) leaves the outcome unknown: the allocator then keeps the
+	// pods the write named out of the pool (a quarantine) until it has
+	// read the claim back and settled them. An implementation must not
+	// turn an unknown outcome into one of the definite errors.
 	Write(ctx context.Context, claim client.Object, rec Record, finalizer bool) (client.Object, error)
 
 	// Get reads the claim's current state from the API server itself,
@@ -118,9 +130,9 @@ var (
 // EncodePods and DecodePods return it with Claim and Key empty: they see a
 // value, not a claim.
 type RecordError struct {
-	// Claim is "namespace/name" of the claim ("name" if it has no
-	// namespace).
-	Claim string
+	// Claim is the claim's namespace and name; zero when the error comes
+	// from the codec alone (DecodePods, EncodePods).
+	Claim types.NamespacedName
 	// Key is the annotation.
 	Key string
 	// Reason says what is wrong, for people.
@@ -131,9 +143,9 @@ type RecordError struct {
 
 func (e *RecordError) Error() string {
 	var b strings.Builder
-	if e.Claim != "" {
+	if e.Claim.Name != "" {
 		b.WriteString("claim ")
-		b.WriteString(e.Claim)
+		b.WriteString(e.Claim.String())
 		b.WriteString(": ")
 	}
 	if e.Key != "" {

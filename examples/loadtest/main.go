@@ -83,7 +83,7 @@ func main() {
 	flag.IntVar(&f.concurrency, "concurrency", 32, "claims created at once")
 	flag.IntVar(&f.writers, "write-concurrency", 16, "claims the allocator writes at once (allocator.WithWriteConcurrency)")
 	flag.DurationVar(&f.timeout, "timeout", time.Minute, "give up when not all claims are allocated after this long")
-	flag.BoolVar(&f.marks, "marks", true, "mark pods with their claim (the default; -marks=false is allocator.WithoutPodMarks): one more write per pod")
+	flag.BoolVar(&f.marks, "marks", true, "mark pods with their claim (the default; -marks=false is allocator.WithPodMarks(false)): one more write per pod")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed phase to this file (go tool pprof)")
 	flag.Parse()
 	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 {
@@ -268,7 +268,7 @@ func newTest(ctx context.Context, conn cluster.Conn, pool types.NamespacedName, 
 	})
 	opts := []allocator.Option{allocator.WithAPIReader(counted), allocator.WithWriteConcurrency(f.writers)}
 	if !f.marks {
-		opts = append(opts, allocator.WithoutPodMarks())
+		opts = append(opts, allocator.WithPodMarks(false))
 	}
 	a, err := allocator.New(counted, opts...)
 	if err != nil {

@@ -55,7 +55,7 @@ func FuzzRound(f *testing.F) {
 		c := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).WithObjects(objs...).Build()
 		var opts []allocator.Option
 		if !marks {
-			opts = append(opts, allocator.WithoutPodMarks())
+			opts = append(opts, allocator.WithPodMarks(false))
 		}
 		a, err := allocator.New(c, opts...)
 		if err != nil {

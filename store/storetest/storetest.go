@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -194,24 +195,14 @@ func compareHolders(a, b store.Holder) int {
 	if c := comparePools(a.Claim, b.Claim); c != 0 {
 		return c
 	}
-	return compareStrings(string(a.UID), string(b.UID))
+	return strings.Compare(string(a.UID), string(b.UID))
 }
 
 func comparePools(a, b types.NamespacedName) int {
-	if c := compareStrings(a.Namespace, b.Namespace); c != 0 {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
 		return c
 	}
-	return compareStrings(a.Name, b.Name)
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return strings.Compare(a.Name, b.Name)
 }
 
 // hold builds a want map: every pod held by h.

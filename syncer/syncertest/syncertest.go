@@ -516,7 +516,7 @@ func testMalformed(t *testing.T, e *env) {
 			require.Error(t, err, "%s %s %q: Read accepted it", target.key, what, value)
 			var re *syncer.RecordError
 			require.True(t, errors.As(err, &re), "%s %s: want *syncer.RecordError, got %T: %v", target.key, what, err, err)
-			require.Equal(t, claimName(claim), re.Claim, "%s %s: RecordError.Claim", target.key, what)
+			require.Equal(t, client.ObjectKeyFromObject(claim), re.Claim, "%s %s: RecordError.Claim", target.key, what)
 			require.Equal(t, target.key, re.Key, "%s %s: RecordError.Key", target.key, what)
 			require.NotEmpty(t, re.Reason, "%s %s: RecordError.Reason", target.key, what)
 			require.True(t, errors.Is(err, syncer.ErrMalformedRecord), "%s %s: want ErrMalformedRecord, got %v", target.key, what, err)
@@ -588,13 +588,6 @@ func bigPods(n int) []string {
 		pods[i] = fmt.Sprintf("%sp%059d", prefix, i)
 	}
 	return pods
-}
-
-func claimName(obj client.Object) string {
-	if ns := obj.GetNamespace(); ns != "" {
-		return ns + "/" + obj.GetName()
-	}
-	return obj.GetName()
 }
 
 // newEmpty returns a new object of obj's Go type to read into.
