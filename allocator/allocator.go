@@ -277,7 +277,7 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 		}
 	}
 	if err := a.cfg.store.DeletePool(name); err != nil {
-		return fmt.Errorf("pool %s: forget: %w", name, err)
+		return fmt.Errorf("pool %s: forget: %w", name, storeErr(err))
 	}
 	a.mu.Lock()
 	delete(a.pools, name)

@@ -249,7 +249,7 @@ func TestWantAndPriorityAreInputsOfEveryRound(t *testing.T) {
 	a := f.alloc()
 	f.claim("c", "p", 1)
 	f.claim("d", "p", 1)
-	// want maps claim names to the Want and Priority the caller computes
+	// asks maps claim names to the Want and Priority the caller computes
 	// from elsewhere (a policy, another resource), not from the object.
 	type ask struct {
 		want     int

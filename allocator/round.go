@@ -812,7 +812,7 @@ func (r *round) recover(claims []Claim) error {
 		all = append(all, found{ci: ci, held: held, rec: rec})
 	}
 	if err := a.cfg.store.DeletePool(p.name); err != nil {
-		return fmt.Errorf("pool %s: recover: %w", p.name, err)
+		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
 	}
 	for _, pi := range p.pods {
 		pi.recycling, pi.recycled = false, false
@@ -871,7 +871,7 @@ func (r *round) recover(claims []Claim) error {
 			}
 		}
 		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
-			return fmt.Errorf("pool %s: recover claim %s: %w", p.name, f.ci.name, err)
+			return fmt.Errorf("pool %s: claim %s: recover: %w", p.name, f.ci.name, storeErr(err))
 		}
 		for _, pod := range f.held {
 			r.hold(f.ci, pod)
