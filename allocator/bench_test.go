@@ -159,6 +159,57 @@ func BenchmarkRoundFullListing(b *testing.B) {
 	})
 }
 
+// BenchmarkReadListing is the floor under BenchmarkRoundFullListing: the
+// same pools and the same work between iterations, but each iteration only
+// reads what any round must read of a full listing (each pod's name,
+// namespace, UID and resourceVersion, each claim's UID and
+// resourceVersion) and compares it with a copy kept from the first
+// iteration, as a lookup in the allocator's state would. Run the two in
+// one go and compare their medians:
+//
+//	go test ./allocator -run '^$' -bench 'BenchmarkRoundFullListing$|BenchmarkReadListing$' -benchtime 100x -count 5
+func BenchmarkReadListing(b *testing.B) {
+	type head struct{ name, ns, uid, rv string }
+	benchSizes(b, func(b *testing.B, pods int) {
+		var bp *benchPool
+		var kept []head
+		same := 0
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			if bp == nil || bp.free < bp.per {
+				bp = newBenchPool(b, pods, 1)
+				kept = nil
+			}
+			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
+			bp.free -= bp.per
+			if kept == nil {
+				for j := range bp.in.Pods {
+					m := &bp.in.Pods[j].ObjectMeta
+					kept = append(kept, head{m.Name, m.Namespace, string(m.UID), m.ResourceVersion})
+				}
+				for _, c := range bp.in.Claims {
+					kept = append(kept, head{uid: string(c.Object.GetUID()), rv: c.Object.GetResourceVersion()})
+				}
+			}
+			b.StartTimer()
+			for j := range bp.in.Pods {
+				m, k := &bp.in.Pods[j].ObjectMeta, &kept[j]
+				if m.Name == k.name && m.Namespace == k.ns && string(m.UID) == k.uid && m.ResourceVersion == k.rv {
+					same++
+				}
+			}
+			for j, c := range bp.in.Claims {
+				if j := len(bp.in.Pods) + j; j < len(kept) && string(c.Object.GetUID()) == kept[j].uid && c.Object.GetResourceVersion() == kept[j].rv {
+					same++
+				}
+			}
+		}
+		if same == 0 {
+			b.Fatal("nothing compared equal")
+		}
+	})
+}
+
 // BenchmarkRoundShuffledListing is BenchmarkRoundFullListing with the
 // pods and claims listed in a new order every round, as an informer
 // cache's List gives them.
