@@ -15,6 +15,7 @@ import (
 
 	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/store"
+	"github.com/poolalloc/poolalloc/syncer"
 )
 
 // Claim is one claim of a round's input: the object as the caller listed it
@@ -156,6 +157,12 @@ type Allocator interface {
 	// is ErrInvalidInput. ctx and logging are as for Round.
 	Update(ctx context.Context, ch Changes) (Result, error)
 
+	// Record decodes claim's record as the allocator reads it, with its
+	// syncer (WithKeys, WithSyncer) and without an API call: the pods it
+	// holds (Record.Held), those it released, and its owner's release
+	// request. Errors are those of syncer.AllocationSyncer.Read.
+	Record(claim client.Object) (syncer.Record, error)
+
 	// ForgetPool drops everything known about a pool that was deleted. A
 	// pool created again under the same name starts empty. It waits for a
 	// round in progress on that pool to finish.
@@ -221,6 +228,10 @@ func (a *defaultAllocator) setProto(o client.Object) {
 }
 
 func (a *defaultAllocator) Store() store.Reader { return readOnly{a.cfg.store} }
+
+func (a *defaultAllocator) Record(claim client.Object) (syncer.Record, error) {
+	return a.cfg.syncer.Read(claim)
+}
 
 // readOnly hides the writer half of the store: asserting the value Store
 // returns to a writer fails.

@@ -1020,3 +1020,73 @@ func TestSameSecondClaimsServedInArrivalOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestRecyclerGetsThePodAsListed checks RecycleRequest: the pool, the pod
+// (name, UID, resourceVersion and the object the round's input listed) and
+// the claim it is given back by; Object is nil on an Update that leaves the
+// pod out.
+func TestRecyclerGetsThePodAsListed(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 2)
+	var mu sync.Mutex
+	var reqs []allocator.RecycleRequest
+	a := f.alloc(allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reqs = append(reqs, req)
+		return len(reqs) == 3, nil // done on the third call
+	}))
+	cl := f.claim("c", "p", 1)
+	f.round(a, pool)
+	held := f.held("c")
+	require.Len(t, held, 1)
+
+	f.release("c", held[0])
+	f.scale("c", 0)
+	f.round(a, pool) // recycling starts in this round
+	f.round(a, pool) // and goes on
+	require.Len(t, reqs, 2)
+	for i, req := range reqs {
+		require.Equal(t, pool, req.Pool, "call %d", i)
+		require.Equal(t, held[0], req.Pod, "call %d", i)
+		require.Equal(t, types.NamespacedName{Namespace: f.ns, Name: "c"}, req.Claim.Claim, "call %d", i)
+		require.Equal(t, cl.UID, req.Claim.UID, "call %d", i)
+		require.NotNil(t, req.Object, "call %d: the pod as listed", i)
+		require.Equal(t, held[0], req.Object.Name, "call %d", i)
+		require.Equal(t, req.UID, req.Object.UID, "call %d", i)
+		require.NotEmpty(t, req.Object.Spec.Containers, "call %d: the whole object", i)
+	}
+
+	// An Update that does not list the pod: no object to give.
+	_, err := a.Update(f.ctx, allocator.Changes{Pool: pool})
+	require.NoError(t, err)
+	require.Len(t, reqs, 3)
+	require.Nil(t, reqs[2].Object)
+	require.Equal(t, held[0], reqs[2].Pod)
+	require.Empty(t, f.held("c"), "recycled and released")
+}
+
+// TestRecordReadsAsTheAllocatorDoes reads claims' records through the
+// allocator, with its keys: OpenSandbox's annotations here.
+func TestRecordReadsAsTheAllocatorDoes(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 3)
+	a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()))
+	f.claim("c", "p", 2)
+	res := f.round(a, pool)
+	rec, err := a.Record(f.get("c"))
+	require.NoError(t, err)
+	want := slices.Clone(grantsTo(res, "c"))
+	slices.Sort(want)
+	got := rec.Held()
+	slices.Sort(got)
+	require.Equal(t, want, got)
+	require.Contains(t, f.get("c").Annotations, syncer.OpenSandboxKeys().Allocated)
+
+	bad := f.get("c")
+	bad.Annotations[syncer.OpenSandboxKeys().Allocated] = "not json"
+	_, err = a.Record(bad)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+	_, err = a.Record(nil)
+	require.Error(t, err)
+}

@@ -42,6 +42,14 @@ type RecycleRequest struct {
 	ResourceVersion string
 	// Claim is the claim the pod is given back by.
 	Claim store.Holder
+	// Object is the pod as this round's input listed it, for a recycler
+	// that needs its spec or status; it is the caller's object and must
+	// not be modified. It may be older than ResourceVersion (a listing
+	// that does not show the allocator's own last write of the pod yet),
+	// and is nil when the round's input did not show the pod (an Update
+	// that left it out). Use UID and ResourceVersion, not Object's, as
+	// preconditions.
+	Object *corev1.Pod
 }
 
 // Recycler makes a pod given back by a claim fit to hand out again: it may

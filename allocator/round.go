@@ -64,6 +64,10 @@ type round struct {
 	// still there (WithReplaceLost): the listing lags, and they are
 	// neither replaced nor dropped.
 	alive map[*podInfo]bool
+	// input is the round's pod input; listed are its objects for the pods
+	// being recycled or settled (RecycleRequest.Object).
+	input  []corev1.Pod
+	listed map[*podInfo]*corev1.Pod
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -141,7 +145,7 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gen++
-	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: in.Pods}
 
 	if len(p.pods) == 0 && len(in.Pods) > 0 {
 		p.pods = make(map[string]*podInfo, len(in.Pods))
@@ -203,7 +207,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.gen++
-	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res}
+	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: ch.Pods}
 	pods, claims, err := r.scan(ch.Pods, ch.Claims, false)
 	if err != nil {
 		return res, err
@@ -489,6 +493,8 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 					return nil, nil, checkPod(p.name, start+j, &chunk[j])
 				}
 				changedPods = append(changedPods, &chunk[j])
+			} else if pi.recycling || pi.more != nil && pi.more.settleFor != nil {
+				r.noteListed(pi, &chunk[j])
 			}
 		}
 	}
@@ -693,6 +699,38 @@ func (r *round) observePod(pod *corev1.Pod) {
 		pi.place = p.placeOf(node, zone)
 	}
 	p.refreshFree(pi)
+	if pi.recycling || pi.settling() != nil {
+		r.noteListed(pi, pod)
+	}
+}
+
+// findListed finds in the round's input the objects of the jobs' pods that
+// started recycling in this round (scan and observePod noted the others):
+// one pass over the input, and only in a round that has such a pod.
+func (r *round) findListed(jobs []recycleJob) {
+	var want map[string]*podInfo
+	for _, j := range jobs {
+		if r.listed[j.pi] == nil {
+			if want == nil {
+				want = make(map[string]*podInfo)
+			}
+			want[j.pi.name] = j.pi
+		}
+	}
+	for i := 0; i < len(r.input) && len(want) > 0; i++ {
+		if pi := want[r.input[i].Name]; pi != nil {
+			r.noteListed(pi, &r.input[i])
+			delete(want, pi.name)
+		}
+	}
+}
+
+// noteListed keeps pod, this round's input for pi, for its recycler.
+func (r *round) noteListed(pi *podInfo, pod *corev1.Pod) {
+	if r.listed == nil {
+		r.listed = make(map[*podInfo]*corev1.Pod)
+	}
+	r.listed[pi] = pod
 }
 
 // olderPod reports whether pod, listed under pi's name with another UID,
@@ -1521,16 +1559,19 @@ func (r *round) probe(ci *claimInfo) (held []string, err error) {
 	return rec.Held(), nil
 }
 
+// recycleJob is one pod to recycle (or settle) for a claim.
+type recycleJob struct {
+	ci     *claimInfo
+	pi     *podInfo
+	settle bool
+}
+
 // recycle offers every pod being given back or settled to the recycler,
 // concurrently, and returns those done, per claim. A pod that left the
 // listing is done. With pod marks, a pod is offered only while its mark
 // names the claim it is recycled for.
 func (r *round) recycle() (done, settled map[*claimInfo][]string) {
-	type job struct {
-		ci     *claimInfo
-		pi     *podInfo
-		settle bool
-	}
+	type job = recycleJob
 	var jobs []job
 	done = make(map[*claimInfo][]string)
 	settled = make(map[*claimInfo][]string)
@@ -1563,13 +1604,16 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		slices.Sort(pods)
 	}
 	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name, y.pi.name) })
+	r.findListed(jobs)
 	results := make([]error, len(jobs))
 	finished := make([]bool, len(jobs))
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		finished[i], results[i] = r.a.cfg.recycle(r.ctx, RecycleRequest{
-			Pool: r.p.name, Pod: j.pi.name, UID: j.pi.uid, ResourceVersion: j.pi.rv, Claim: j.ci.holder(),
-		})
+		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name, UID: j.pi.uid, ResourceVersion: j.pi.rv, Claim: j.ci.holder()}
+		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid || o.UID == "") {
+			req.Object = o
+		}
+		finished[i], results[i] = r.a.cfg.recycle(r.ctx, req)
 	})
 	for i, j := range jobs {
 		if results[i] != nil {
