@@ -339,6 +339,26 @@ func (r *round) do(w *write) {
 	if err == nil || errors.Is(err, syncer.ErrMalformedRelease) {
 		baseRec = &decoded
 	}
+	if w.fresh != nil && baseRec != nil && r.marks() {
+		// Read live, the claim is at a version newer than the record the
+		// round decided on. If that record holds a pod the write would
+		// give back as settled (DESIGN I13: recycled because a record
+		// newer than its mark did not list it), another allocator handed
+		// the pod to the claim again since: the decision is stale, and
+		// writing it would take from the claim a pod it holds and wants
+		// (I7; TestRegressionSettleDoesNotUndoANewerHandOut). Nothing is
+		// written; the next round sees the new record.
+		if n := rvNum(base.GetResourceVersion()); n == 0 || n > w.ci.recRV {
+			held := baseRec.Held()
+			for _, name := range w.settled {
+				if slices.Contains(held, name) {
+					w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name.Name,
+						fmt.Errorf("claim %s holds pod %s again in a record newer than the one known", w.ci.name, name))
+					return
+				}
+			}
+		}
+	}
 	w.marks = r.staleMarks(w.ci, base, baseRec)
 	rec, fin := r.desired(w, baseRec, err == nil, own)
 	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&

@@ -1380,3 +1380,58 @@ func TestRegressionStaleListingWantIsNotTaken(t *testing.T) {
 	require.Len(t, res.Allocated, 1)
 	require.Len(t, f.held("c"), 2)
 }
+
+// A pod marked for a claim by a hand-out that lost its race (its record
+// never listed the pod) is settled for the claim: recycled and recorded
+// released (DESIGN I13). Meanwhile another allocator handed the same pod to
+// the claim again, after a scale-up, and its record lists it. An allocator
+// whose listings lag (the claim missing from them, the pod still at its old
+// version) settled it all the same and wrote the claim's record, read live
+// at the newer version, without the pod: the claim lost a pod it held and
+// wanted (I7). Found by the many-allocator machine
+// (testdata/rapid/TestPropertyMultiFake/…-settle-over-newer-hand-out.fail).
+func TestRegressionSettleDoesNotUndoANewerHandOut(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 3, 2)
+	before, err := world.Input(ctx, c, pool) // no marks yet
+	require.NoError(t, err)
+
+	// The other allocator marks p-2 for c; its record write then loses.
+	var p2 corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-2"}, &p2))
+	p2.Annotations = map[string]string{allocator.DefaultPodMarkKey: "c/uid-c"}
+	require.NoError(t, c.Update(ctx, &p2))
+	marked, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	// This allocator, on the listing from before the mark, serves c.
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	res, err := a.Round(ctx, before)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p-0", "p-1"}, grantsTo(res, "c"))
+
+	// c is scaled to 3; the other allocator hands it p-2 (the mark it
+	// wrote is still there) and records it.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 3
+	v, err := syncer.EncodePods([]string{"p-0", "p-1", "p-2"})
+	require.NoError(t, err)
+	cl.Annotations[syncer.DefaultKeys().Allocated] = v
+	require.NoError(t, c.Update(ctx, cl))
+
+	// This allocator's next round lags: the pods as they were after the
+	// mark, the claims from before c existed.
+	stale := marked
+	stale.Claims = nil
+	_, err = a.Round(ctx, stale)
+	require.ErrorIs(t, err, allocator.ErrWrite, "the stale settle is refused as a conflict, left for the next round")
+	require.Equal(t, []string{"p-0", "p-1", "p-2"}, recordOn(t, c, "c").Held(), "c keeps the pod handed to it again")
+
+	// Once the listings catch up, all is as the newer record says.
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Released)
+	require.Equal(t, []string{"p-0", "p-1", "p-2"}, recordOn(t, c, "c").Held())
+	require.NoError(t, allocator.CheckInvariants(a))
+}
