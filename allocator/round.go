@@ -88,10 +88,11 @@ func (a *defaultAllocator) logged(ctx context.Context, kind string, pool types.N
 	}
 	start := a.cfg.clock.Now()
 	res, err := run()
-	log := logr.FromContextOrDiscard(ctx).WithValues("pool", pool.String())
-	if log.GetSink() == nil || !log.V(2).Enabled() {
-		return res, err
+	log := logr.FromContextOrDiscard(ctx)
+	if !log.V(2).Enabled() {
+		return res, err // no logger, or a quiet one: nothing to build
 	}
+	log = log.WithValues("pool", pool.String())
 	for _, w := range res.Warnings {
 		log.V(2).Info("dealt with a claim's problem", "warning", w.Error())
 	}
@@ -493,7 +494,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 					return nil, nil, checkPod(p.name, start+j, &chunk[j])
 				}
 				changedPods = append(changedPods, &chunk[j])
-			} else if pi.recycling || pi.more != nil && pi.more.settleFor != nil {
+			} else if pi.recycling || pi.settling() != nil {
 				r.noteListed(pi, &chunk[j])
 			}
 		}
