@@ -236,6 +236,9 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 			}
 		}
 	}
+	if r.a.cfg.openSandbox {
+		return r.desiredOpenSandbox(w, baseRec, allocated, release)
+	}
 	allocated = append(allocated, w.add...)
 	allocated = append(allocated, w.adopt...)
 	slices.Sort(allocated)
@@ -263,6 +266,63 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 	stillRecycling := int(ci.recycling) - len(w.done)
 	return syncer.Record{Allocated: allocated, Release: release, Released: released},
 		len(allocated) > 0 || stillRecycling > 0
+}
+
+// desiredOpenSandbox is desired for WithOpenSandbox, given the pods the
+// claim keeps holding (held, before w's hand-outs): the record lists the
+// pods as OpenSandbox's controller would. The allocated list is base's,
+// in its order and with its repeats, less the pods that are neither held
+// nor released (a stray entry the allocator does not trust), then the
+// held pods base did not list, then w's hand-outs. The released list is
+// the one last known, in its order, then the pods w finished recycling;
+// a held pod leaves it. Nothing else is removed or sorted. The finalizer
+// stays while the claim lives.
+func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, release []string) (syncer.Record, bool) {
+	ci := w.ci
+	holds := make(map[string]struct{}, len(held)+len(w.add)+len(w.adopt))
+	for _, p := range slices.Concat(held, w.add, w.adopt) {
+		holds[p] = struct{}{}
+	}
+	var released []string
+	inReleased := make(map[string]struct{})
+	for _, p := range slices.Concat(ci.released(), w.done, w.settled) {
+		if _, h := holds[p]; h {
+			continue
+		}
+		if _, dup := inReleased[p]; dup && (slices.Contains(w.done, p) || slices.Contains(w.settled, p)) {
+			continue // finished again: listed once more would say nothing
+		}
+		inReleased[p] = struct{}{}
+		released = append(released, p)
+	}
+	var allocated []string
+	listed := make(map[string]struct{})
+	if baseRec != nil {
+		for _, p := range baseRec.Allocated {
+			_, h := holds[p]
+			_, rel := inReleased[p]
+			if h || rel {
+				allocated = append(allocated, p)
+				listed[p] = struct{}{}
+			}
+		}
+	}
+	var missing []string
+	for _, p := range held {
+		if _, ok := listed[p]; !ok {
+			missing = append(missing, p)
+		}
+	}
+	slices.Sort(missing)
+	for _, p := range slices.Concat(missing, w.add, w.adopt) {
+		if _, ok := listed[p]; !ok {
+			allocated = append(allocated, p)
+			listed[p] = struct{}{}
+		}
+	}
+	stillRecycling := int(ci.recycling) - len(w.done)
+	fin := len(held)+len(w.add)+len(w.adopt) > 0 || stillRecycling > 0 || !ci.terminating
+	return syncer.Record{Allocated: allocated, Release: release, Released: released}, fin
 }
 
 // do performs w's write. It runs concurrently with other claims' writes and
@@ -401,7 +461,7 @@ func (r *round) do(w *write) {
 	live, gerr := r.live(w.ci, base)
 	if gerr == nil {
 		w.fresh = live
-		if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), rec.Allocated) {
+		if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), sortedCopy(rec.Held())) {
 			w.rec, w.err, w.landed = rec, nil, true
 			return
 		}
@@ -600,7 +660,7 @@ func (r *round) apply(w *write) {
 			// the claim takes them once the pod is free of that.
 			var strays []string
 			if ci.listed {
-				for _, name := range w.rec.Allocated {
+				for _, name := range w.rec.Held() {
 					if p.heldPod(ci, name) != nil || slices.Contains(w.add, name) || slices.Contains(w.adopt, name) {
 						continue
 					}

@@ -128,6 +128,8 @@ type config struct {
 	quarantine  time.Duration
 	replaceLost bool
 	claimType   client.Object
+	// openSandbox is set by WithOpenSandbox.
+	openSandbox bool
 	// nilSet names the options that were given nil where nil is not
 	// allowed (WithStore, WithSyncer, WithAPIReader, WithClaimType).
 	nilSet []string
@@ -272,6 +274,32 @@ func WithPodMarkKey(key string) Option {
 	})
 }
 
+// WithOpenSandbox makes the allocator keep records exactly as
+// OpenSandbox's Kubernetes controller does, so that an operator can switch
+// from that controller to poolalloc and back (see the README, "Switching
+// from OpenSandbox"):
+//
+//   - records use syncer.OpenSandboxKeys() and syncer.WithOpenSandboxFormat:
+//     a pod listed more than once is read as one;
+//   - released pods stay in the allocated list (alloc-status) and are
+//     listed in the released one (alloc-released); neither list is ever
+//     sorted or pruned: pods are appended in the order they are handed out
+//     or released;
+//   - a claim is never handed a pod its record already lists: the format
+//     cannot say that a released pod is held again;
+//   - the allocation finalizer stays while the claim lives, also when it
+//     holds nothing, and goes once it is being deleted and all its pods
+//     are released;
+//   - Claim.Want is OpenSandbox's spec.replicas, a bound over the claim's
+//     lifetime: a claim is handed pods until its record lists Want of
+//     them, released ones included, and never gives one back because Want
+//     went down. It holds max(held, Want − recycling − released) pods
+//     once served.
+//
+// It cannot be combined with WithSyncer or WithKeys; WithAPIReader is
+// passed on to the syncer.
+func WithOpenSandbox() Option { return optionFunc(func(c *config) { c.openSandbox = true }) }
+
 // WithPodMarkMigration makes recovery believe records that list pods
 // carrying no mark, and mark them: for the first start with pod marks on
 // pools whose allocations were made without them. Without it, such pods
@@ -366,6 +394,9 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))
 		}
 	}
+	if cfg.openSandbox && (cfg.syncer != nil || cfg.keys != nil) {
+		return nil, fmt.Errorf("%w: WithOpenSandbox sets the syncer and its keys and cannot be combined with WithSyncer or WithKeys", ErrInvalidOption)
+	}
 	if cfg.syncer != nil && (cfg.keys != nil || cfg.apiReader != nil) {
 		return nil, fmt.Errorf("%w: WithKeys and WithAPIReader configure the default syncer and cannot be combined with WithSyncer", ErrInvalidOption)
 	}
@@ -380,6 +411,10 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		var sopts []syncer.Option
 		if cfg.apiReader != nil {
 			sopts = append(sopts, syncer.WithAPIReader(cfg.apiReader))
+		}
+		if cfg.openSandbox {
+			keys = syncer.OpenSandboxKeys()
+			sopts = append(sopts, syncer.WithOpenSandboxFormat())
 		}
 		s, err := syncer.NewAnnotationSyncer(c, keys, sopts...)
 		if err != nil {

@@ -1294,11 +1294,14 @@ func (r *round) plan() (algorithm.Action, error) {
 			continue
 		}
 		want := int(ci.want)
+		n := p.nHeld(ci)
+		keep := n - int(ci.recycling)
+		if r.a.cfg.openSandbox {
+			want = r.lifetimeWant(ci, keep)
+		}
 		if ci.terminating {
 			want = 0
 		}
-		n := p.nHeld(ci)
-		keep := n - int(ci.recycling)
 		// Pods reserved for the claim by a write of unknown outcome (or
 		// another allocator's hand-out) may be its own: they count against
 		// what it wants beyond what it holds, and the next write of its
@@ -1346,6 +1349,10 @@ func (r *round) plan() (algorithm.Action, error) {
 				release = append(release, pi.name)
 			}
 		}
+		if r.a.cfg.openSandbox {
+			// Pods given back count against the lifetime bound too.
+			want = max(0, want-len(release))
+		}
 		if keep == want && len(release) == 0 && lost == 0 {
 			continue
 		}
@@ -1388,6 +1395,9 @@ func (r *round) plan() (algorithm.Action, error) {
 	if err != nil {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
+	if r.a.cfg.openSandbox {
+		act.Allocate = dropHistory(requested, act.Allocate)
+	}
 	if err := r.checkAction(requested, act); err != nil {
 		if serr := p.takeStoreErr(); serr != nil {
 			// Not the strategy's fault: the store could not say.
@@ -1396,6 +1406,46 @@ func (r *round) plan() (algorithm.Action, error) {
 		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	return act, nil
+}
+
+// lifetimeWant is what a claim wants under WithOpenSandbox, where its Want
+// bounds the pods its record lists over its lifetime, released ones
+// included: the keep pods it holds and is not recycling, and as many more
+// as Want leaves once the recycling and released ones are counted. It is
+// never below keep: a lower Want gives nothing back (plan then takes off
+// the pods the owner gives back in this round).
+func (r *round) lifetimeWant(ci *claimInfo, keep int) int {
+	used := keep + int(ci.recycling)
+	seen := make(map[string]struct{}, len(ci.released()))
+	for _, pod := range ci.released() {
+		if _, dup := seen[pod]; dup || r.p.heldPod(ci, pod) != nil {
+			continue
+		}
+		seen[pod] = struct{}{}
+		used++
+	}
+	return keep + max(0, int(ci.want)-used)
+}
+
+// dropHistory takes out of grants, under WithOpenSandbox, the pods the
+// claim's record lists already as released: OpenSandbox's format cannot
+// say that such a pod is held again. Strategies are asked to avoid these
+// pods (Request.Avoid) and may still pick one when no other is left; the
+// pod then stays free for another claim.
+func dropHistory(requested map[types.UID]*claimInfo, grants []algorithm.Grant) []algorithm.Grant {
+	out := grants[:0:0]
+	for _, g := range grants {
+		ci := requested[g.UID]
+		if ci == nil || len(ci.released()) == 0 {
+			out = append(out, g)
+			continue
+		}
+		g.Pods = slices.DeleteFunc(slices.Clone(g.Pods), func(pod string) bool { return slices.Contains(ci.released(), pod) })
+		if len(g.Pods) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // checkLost reads live the held pods the listing lacks (WithReplaceLost),

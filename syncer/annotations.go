@@ -25,6 +25,9 @@ type AnnotationSyncer struct {
 	c      client.Client
 	reader client.Reader
 	keys   Keys
+	// repeats is set by WithOpenSandboxFormat: a list may name a pod more
+	// than once.
+	repeats bool
 }
 
 var _ AllocationSyncer = (*AnnotationSyncer)(nil)
@@ -37,6 +40,7 @@ type Option interface {
 type options struct {
 	apiReader    client.Reader
 	apiReaderSet bool
+	repeats      bool
 }
 
 type optionFunc func(*options)
@@ -51,6 +55,23 @@ func WithAPIReader(r client.Reader) Option {
 		o.apiReader = r
 		o.apiReaderSet = true
 	})
+}
+
+// WithOpenSandboxFormat makes the syncer read and write records as
+// OpenSandbox's controller does, where a list may name a pod more than
+// once: that controller appends a pod to alloc-status each time it hands
+// the pod out, also when it hands a pod the sandbox released back to the
+// same sandbox, and never removes one. Read then returns the lists as
+// written, repeats included, and Write accepts them; pod names are still
+// checked. Without it, a pod listed twice is a malformed record.
+//
+// Reading a repeat as one pod is what OpenSandbox's own sandbox controller
+// does: the pods a sandbox uses are the set of alloc-status minus the set
+// of alloc-released (see Record.Held), so a pod handed back after its
+// release is not in use by the sandbox either, and is safe to treat as
+// released.
+func WithOpenSandboxFormat() Option {
+	return optionFunc(func(o *options) { o.repeats = true })
 }
 
 // NewAnnotationSyncer returns a syncer that writes with c and keeps records
@@ -74,7 +95,7 @@ func NewAnnotationSyncer(c client.Client, keys Keys, opts ...Option) (*Annotatio
 	if err := keys.Validate(); err != nil {
 		return nil, fmt.Errorf("syncer: %w", err)
 	}
-	return &AnnotationSyncer{c: c, reader: o.apiReader, keys: keys}, nil
+	return &AnnotationSyncer{c: c, reader: o.apiReader, keys: keys, repeats: o.repeats}, nil
 }
 
 // Keys returns the keys the syncer reads and writes.
@@ -83,7 +104,8 @@ func (s *AnnotationSyncer) Keys() Keys { return s.keys }
 // Read decodes the Allocated, Release and Released annotations of claim
 // with DecodePods. An absent annotation is an empty list. A pod may be in
 // Released without being in Allocated (OpenSandbox's controller can leave
-// such records); a pod listed twice in one annotation is an error. Any
+// such records); a pod listed twice in one annotation is an error, unless
+// the syncer has WithOpenSandboxFormat (the lists are then as written). Any
 // problem is a *RecordError naming the claim and the annotation; when the
 // annotations are over the API server's size limit (possible only on an
 // object that did not come from the server) it matches ErrRecordTooLarge.
@@ -110,13 +132,13 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 		{s.keys.Allocated, &rec.Allocated},
 		{s.keys.Released, &rec.Released},
 	} {
-		pods, err := DecodePods(ann[f.key])
+		pods, err := decodePods(ann[f.key], s.repeats)
 		if err != nil {
 			return Record{}, withClaim(err, claim, f.key)
 		}
 		*f.out = pods
 	}
-	release, err := DecodePods(ann[s.keys.Release])
+	release, err := decodePods(ann[s.keys.Release], s.repeats)
 	if err != nil {
 		err = withClaim(err, claim, s.keys.Release)
 		var re *RecordError
@@ -139,8 +161,9 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 // this sets the Keys.Touched annotation to claim's resourceVersion instead,
 // so that it too makes a new version of the claim.
 //
-// Before sending, it encodes both lists (an invalid pod name or a pod
-// listed twice is a *RecordError matching ErrMalformedRecord) and checks
+// Before sending, it encodes both lists (an invalid pod name or, without
+// WithOpenSandboxFormat, a pod listed twice is a *RecordError matching
+// ErrMalformedRecord) and checks
 // the total size of the claim's annotations as the API server counts it
 // (a *RecordError matching ErrRecordTooLarge). claim must carry a
 // resourceVersion, as objects read from the API server do.
@@ -161,11 +184,11 @@ func (s *AnnotationSyncer) Write(ctx context.Context, claim client.Object, rec R
 	if claim.GetResourceVersion() == "" {
 		return nil, fmt.Errorf("claim %s: write record: claim has no resourceVersion; pass the object as read from the API server", name)
 	}
-	allocated, err := encode(rec.Allocated, claim, s.keys.Allocated)
+	allocated, err := encode(rec.Allocated, claim, s.keys.Allocated, s.repeats)
 	if err != nil {
 		return nil, err
 	}
-	released, err := encode(rec.Released, claim, s.keys.Released)
+	released, err := encode(rec.Released, claim, s.keys.Released, s.repeats)
 	if err != nil {
 		return nil, err
 	}
@@ -259,11 +282,11 @@ func (s *AnnotationSyncer) largest(ann map[string]string) string {
 }
 
 // encode encodes pods for annotation key of claim; an empty list is "".
-func encode(pods []string, claim client.Object, key string) (string, error) {
+func encode(pods []string, claim client.Object, key string, repeats bool) (string, error) {
 	if len(pods) == 0 {
 		return "", nil
 	}
-	v, err := EncodePods(pods)
+	v, err := encodePods(pods, repeats)
 	if err != nil {
 		return "", withClaim(err, claim, key)
 	}

@@ -367,3 +367,67 @@ func TestNilClaim(t *testing.T) {
 		require.False(t, s.HasFinalizer(claim))
 	}
 }
+
+func TestOpenSandboxFormatKeepsRepeats(t *testing.T) {
+	keys := syncer.OpenSandboxKeys()
+	claim := typedClaim("sbx")
+	c := newFakeClient(t, nil, claim)
+	strict, err := syncer.NewAnnotationSyncer(c, keys)
+	require.NoError(t, err)
+	s, err := syncer.NewAnnotationSyncer(c, keys, syncer.WithOpenSandboxFormat())
+	require.NoError(t, err)
+
+	// What OpenSandbox's controller writes after handing a released pod
+	// back to the same sandbox.
+	live := &corev1.ConfigMap{}
+	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(claim), live))
+	live.Annotations = map[string]string{
+		keys.Allocated: `{"pods":["p-0","p-0","p-2"]}`,
+		keys.Release:   `{"pods":["p-0","p-0"]}`,
+		keys.Released:  `{"pods":["p-0"]}`,
+	}
+	require.NoError(t, c.Update(context.Background(), live))
+
+	rec, err := s.Read(live)
+	require.NoError(t, err)
+	require.Equal(t, syncer.Record{Allocated: []string{"p-0", "p-0", "p-2"}, Release: []string{"p-0", "p-0"}, Released: []string{"p-0"}}, rec,
+		"lists as written")
+	require.Equal(t, []string{"p-2"}, rec.Held(), "a released pod is not held however often it is listed")
+
+	_, err = strict.Read(live)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord, "repeats are malformed without the format")
+
+	// Written back as given, repeats and order kept; names still checked.
+	rec.Allocated = append(rec.Allocated, "p-3")
+	out, err := s.Write(context.Background(), live, rec, true)
+	require.NoError(t, err)
+	require.Equal(t, `{"pods":["p-0","p-0","p-2","p-3"]}`, out.GetAnnotations()[keys.Allocated])
+	require.Equal(t, `{"pods":["p-0"]}`, out.GetAnnotations()[keys.Released])
+	_, err = s.Write(context.Background(), out, syncer.Record{Allocated: []string{"p-0", "Bad_Name"}}, true)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+	_, err = strict.Write(context.Background(), out, syncer.Record{Allocated: []string{"p-0", "p-0"}}, true)
+	require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+}
+
+func TestRecordHeldCountsEachPodOnce(t *testing.T) {
+	for _, tc := range []struct {
+		rec  syncer.Record
+		want []string
+	}{
+		{syncer.Record{}, nil},
+		{syncer.Record{Allocated: []string{"b", "a"}}, []string{"b", "a"}},
+		{syncer.Record{Allocated: []string{"b", "a", "b"}}, []string{"b", "a"}},
+		{syncer.Record{Allocated: []string{"b", "a", "b", "c"}, Released: []string{"b"}}, []string{"a", "c"}},
+		{syncer.Record{Allocated: []string{"a"}, Released: []string{"x"}}, []string{"a"}},
+	} {
+		require.Equal(t, tc.want, tc.rec.Held(), "%+v", tc.rec)
+	}
+	// Long lists take the map path.
+	var long []string
+	for i := range 40 {
+		long = append(long, fmt.Sprintf("p-%d", i%20))
+	}
+	held := syncer.Record{Allocated: long}.Held()
+	require.Len(t, held, 20)
+	require.Equal(t, long[:20], held)
+}

@@ -28,8 +28,12 @@ const dupScanLimit = 16
 // DecodePods would not accept (an invalid pod name, a pod listed twice), and
 // with one matching ErrRecordTooLarge a value longer than
 // MaxAnnotationsSize. Claim and Key of the error are empty.
-func EncodePods(pods []string) (string, error) {
-	if err := checkPods(pods); err != nil {
+func EncodePods(pods []string) (string, error) { return encodePods(pods, false) }
+
+// encodePods is EncodePods; with repeats, a pod may be listed more than
+// once.
+func encodePods(pods []string, repeats bool) (string, error) {
+	if err := checkPods(pods, repeats); err != nil {
 		return "", err
 	}
 	n := len(`{"pods":[]}`) + max(len(pods)-1, 0) // commas
@@ -73,7 +77,11 @@ func EncodePods(pods []string) (string, error) {
 // caller fills them in.
 //
 // The returned strings may share memory with value.
-func DecodePods(value string) ([]string, error) {
+func DecodePods(value string) ([]string, error) { return decodePods(value, false) }
+
+// decodePods is DecodePods; with repeats, a pod may be listed more than
+// once.
+func decodePods(value string, repeats bool) ([]string, error) {
 	if value == "" {
 		return nil, nil
 	}
@@ -88,14 +96,15 @@ func DecodePods(value string) ([]string, error) {
 	if reason != "" {
 		return nil, &RecordError{Reason: reason, Err: ErrMalformedRecord}
 	}
-	if err := checkPods(pods); err != nil {
+	if err := checkPods(pods, repeats); err != nil {
 		return nil, err
 	}
 	return pods, nil
 }
 
-// checkPods refuses invalid pod names and a pod listed twice.
-func checkPods(pods []string) error {
+// checkPods refuses invalid pod names and, unless repeats, a pod listed
+// twice.
+func checkPods(pods []string, repeats bool) error {
 	for i, p := range pods {
 		if !isDNS1123Subdomain(p) {
 			msg := "is not a valid pod name"
@@ -104,6 +113,9 @@ func checkPods(pods []string) error {
 			}
 			return &RecordError{Reason: fmt.Sprintf("pods[%d] %s: %s", i, quote(p), msg), Err: ErrMalformedRecord}
 		}
+	}
+	if repeats {
+		return nil
 	}
 	if len(pods) <= dupScanLimit {
 		for i := 1; i < len(pods); i++ {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -26,19 +27,31 @@ type Record struct {
 }
 
 // Held returns the pods of Allocated that are not in Released, in the
-// order of Allocated. The result is a new slice.
+// order of Allocated, each once: a record in OpenSandbox's format (see
+// WithOpenSandboxFormat) may list a pod more than once, and a pod listed
+// in Released is not held however often Allocated lists it. The result is
+// a new slice.
 func (r Record) Held() []string {
-	if len(r.Released) == 0 {
-		return append([]string(nil), r.Allocated...)
-	}
-	done := make(map[string]struct{}, len(r.Released))
-	for _, p := range r.Released {
-		done[p] = struct{}{}
+	if len(r.Allocated) == 0 {
+		return nil
 	}
 	out := make([]string, 0, len(r.Allocated))
+	if len(r.Released) == 0 && len(r.Allocated) <= dupScanLimit {
+		for i, p := range r.Allocated {
+			if !slices.Contains(r.Allocated[:i], p) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	skip := make(map[string]struct{}, len(r.Released)+len(r.Allocated))
+	for _, p := range r.Released {
+		skip[p] = struct{}{}
+	}
 	for _, p := range r.Allocated {
-		if _, ok := done[p]; !ok {
+		if _, ok := skip[p]; !ok {
 			out = append(out, p)
+			skip[p] = struct{}{}
 		}
 	}
 	return out

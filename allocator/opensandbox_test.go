@@ -1,0 +1,172 @@
+package allocator_test
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// OpenSandbox's annotations and finalizer, spelled out: these tests check
+// the records against them, not against the syncer's keys.
+const (
+	osAllocStatus   = "sandbox.opensandbox.io/alloc-status"
+	osAllocRelease  = "sandbox.opensandbox.io/alloc-release"
+	osAllocReleased = "sandbox.opensandbox.io/alloc-released"
+	osFinalizer     = "pool.sandbox.opensandbox.io/pool-allocation"
+)
+
+// osList is a list as OpenSandbox's controller writes it (json.Marshal of
+// a struct with one field "pods").
+func osList(pods ...string) string {
+	b := []byte(`{"pods":[`)
+	for i, p := range pods {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, p)
+	}
+	return string(append(b, "]}"...))
+}
+
+// osRecord is a claim's record annotations and whether it carries
+// OpenSandbox's finalizer.
+type osRecord struct {
+	status, released string
+	finalizer        bool
+}
+
+func (f *fixture) osRecord(name string) osRecord {
+	f.t.Helper()
+	c := f.get(name)
+	return osRecord{
+		status:    c.Annotations[osAllocStatus],
+		released:  c.Annotations[osAllocReleased],
+		finalizer: slices.Contains(c.Finalizers, osFinalizer),
+	}
+}
+
+// settle runs rounds until one changes nothing, at most n.
+func (f *fixture) settle(a allocator.Allocator, pool types.NamespacedName, n int) allocator.Result {
+	f.t.Helper()
+	var all allocator.Result
+	for range n {
+		res := f.round(a, pool)
+		all.Allocated = append(all.Allocated, res.Allocated...)
+		all.Released = append(all.Released, res.Released...)
+		if len(res.Allocated) == 0 && len(res.Released) == 0 && len(res.Recycling) == 0 {
+			return all
+		}
+	}
+	f.t.Fatalf("pool %s did not settle in %d rounds", pool, n)
+	return all
+}
+
+func TestOpenSandboxModeRecordsAsOpenSandboxWritesThem(t *testing.T) {
+	for _, marks := range []bool{true, false} {
+		t.Run("marks="+strconv.FormatBool(marks), func(t *testing.T) {
+			f := newFixture(t)
+			f.keys = syncer.OpenSandboxKeys()
+			pool := f.pool("p", 5)
+			a := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarks(marks))
+			f.claim("sbx", "p", 2)
+
+			res := f.settle(a, pool, 3)
+			first := grantsTo(res, "sbx")
+			require.Len(t, first, 2)
+			require.Equal(t, osRecord{status: osList(first...), finalizer: true}, f.osRecord("sbx"),
+				"pods listed in the order handed out")
+
+			// The owner gives one back, as OpenSandbox's sandbox
+			// controller writes it.
+			f.setAnnotation("sbx", osAllocRelease, osList(first[0]))
+			res = f.settle(a, pool, 4)
+			require.Empty(t, res.Allocated, "replicas bound the claim's lifetime: a released pod is not refilled")
+			require.Equal(t, osRecord{status: osList(first...), released: osList(first[0]), finalizer: true}, f.osRecord("sbx"),
+				"the released pod stays in alloc-status")
+			require.Equal(t, []string{first[1]}, f.held("sbx"))
+
+			// Lowering replicas gives nothing back.
+			f.scale("sbx", 1)
+			f.settle(a, pool, 3)
+			require.Equal(t, []string{first[1]}, f.held("sbx"))
+
+			// Raising them past what the record lists hands out more,
+			// never the released pod, appended.
+			f.scale("sbx", 4)
+			res = f.settle(a, pool, 3)
+			more := grantsTo(res, "sbx")
+			require.Len(t, more, 2, "4 over the lifetime, 2 listed")
+			require.NotContains(t, more, first[0], "a released pod is not handed back: the format cannot say so")
+			require.Equal(t, osRecord{status: osList(slices.Concat(first, more)...), released: osList(first[0]), finalizer: true},
+				f.osRecord("sbx"))
+
+			// The owner releases everything it holds: the finalizer stays
+			// while the claim lives.
+			f.setAnnotation("sbx", osAllocRelease, osList(slices.Sorted(slices.Values(slices.Concat(first, more)))...))
+			f.settle(a, pool, 4)
+			got := f.osRecord("sbx")
+			require.True(t, got.finalizer, "a live claim keeps the finalizer")
+			require.Equal(t, osList(slices.Concat(first, more)...), got.status)
+			require.Empty(t, f.held("sbx"))
+			s, err := syncer.NewAnnotationSyncer(f.c, f.keys, syncer.WithOpenSandboxFormat())
+			require.NoError(t, err)
+			rec, err := s.Read(f.get("sbx"))
+			require.NoError(t, err)
+			require.Equal(t, first[0], rec.Released[0], "released in the order recycled")
+			require.ElementsMatch(t, slices.Concat(first, more), rec.Released)
+
+			// Deleted, it goes once nothing is left to release.
+			require.NoError(t, f.c.Delete(f.ctx, f.get("sbx")))
+			f.settle(a, pool, 3)
+			require.True(t, f.gone("sbx"))
+			require.Empty(t, f.snapshot(a, pool))
+		})
+	}
+}
+
+func TestOpenSandboxModeTakesOverRecordsWithRepeats(t *testing.T) {
+	// What OpenSandbox's controller writes after a noop-recycled release
+	// and a replicas increase that handed the same pod back: p-0 twice in
+	// alloc-status and once in alloc-released.
+	setup := func(t *testing.T) (*fixture, types.NamespacedName) {
+		f := newFixture(t)
+		f.keys = syncer.OpenSandboxKeys()
+		pool := f.pool("p", 4)
+		c := testenv.NewClaim(f.ns, "sbx", "p", 3)
+		c.Annotations = map[string]string{
+			osAllocStatus:   osList("p-0", "p-0", "p-2"),
+			osAllocRelease:  osList("p-0"),
+			osAllocReleased: osList("p-0"),
+		}
+		c.Finalizers = []string{osFinalizer}
+		require.NoError(t, f.c.Create(f.ctx, c))
+		return f, pool
+	}
+	t.Run("open-sandbox-mode", func(t *testing.T) {
+		f, pool := setup(t)
+		a := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarkMigration(true))
+		res := f.settle(a, pool, 3)
+		got := grantsTo(res, "sbx")
+		require.Len(t, got, 1, "3 over the lifetime: p-2 held, p-0 released, one more")
+		require.NotEqual(t, "p-0", got[0])
+		require.Equal(t, osRecord{status: osList("p-0", "p-0", "p-2", got[0]), released: osList("p-0"), finalizer: true}, f.osRecord("sbx"),
+			"the record as OpenSandbox would go on writing it, repeat kept")
+		require.Equal(t, map[string]string{"p-2": "sbx", got[0]: "sbx"}, f.snapshot(a, pool),
+			"a repeat is one pod, and a released pod is not held however often it is listed")
+	})
+	t.Run("default-format-refuses-repeats", func(t *testing.T) {
+		f, pool := setup(t)
+		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()), allocator.WithPodMarkMigration(true))
+		_, err := world.Round(f.ctx, a, f.c, pool)
+		require.ErrorIs(t, err, syncer.ErrMalformedRecord)
+		require.ErrorContains(t, err, "listed twice")
+	})
+}
