@@ -422,8 +422,13 @@ type pool struct {
 	// settling holds the pods being settled for a claim whose record does
 	// not list them (podInfo.settling).
 	settling map[string]*podInfo
-	// tomark holds held pods recovered from records that carry no mark yet.
+	// tomark holds held pods recovered from records that carry no mark yet,
+	// or whose mark a newer record overrules (see newerRecordWins).
 	tomark map[string]types.UID
+	// overrule holds, for the pods of tomark whose mark names another
+	// claim, that mark: the one value markHeld may replace (nil when
+	// empty).
+	overrule map[string]string
 	// promoted holds pods that took over their name from an older pod
 	// with it (dropPod): their marks are looked at in the next round.
 	promoted []*podInfo
@@ -437,6 +442,13 @@ type pool struct {
 	// storeErr is the first error the store returned on a read since the
 	// last round reported it.
 	storeErr error
+}
+
+// overruled reports whether pi, held by ci, waits to be marked for ci over
+// the mark it carries (see newerRecordWins).
+func (p *pool) overruled(pi *podInfo, ci *claimInfo) bool {
+	old, ok := p.overrule[pi.name]
+	return ok && old == pi.mark && p.tomark[pi.name] == ci.uid
 }
 
 // unknownHolder stands for the holder of a pod when the store could not

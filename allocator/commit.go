@@ -214,7 +214,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					continue
 				}
 				mine := pi != nil && pi.markUID(r.p.name) == ci.uid
-				if pi != nil && pi.mark == "" && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid {
+				if pi != nil && (pi.mark == "" || r.p.overruled(pi, ci)) && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid {
 					// Listed without a mark (a record from before pod
 					// marks) and held until it is marked and recycled:
 					// dropping it would free a pod of uncertain use.

@@ -559,7 +559,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		return // not a mark of ours: the pod stays out of the pool
 	}
 	if ci := p.holderOf(pi); ci != nil {
-		if ci.uid == h.UID || ci == unknownHolder {
+		if ci.uid == h.UID || ci == unknownHolder || p.overruled(pi, ci) {
 			return
 		}
 		// Marked for another claim: what we believed of ci is stale. Its
@@ -602,6 +602,9 @@ func (r *round) resolveMark(pi *podInfo) {
 		// missing from this listing) is judged by that record below, as
 		// a listed one is: a mark newer than the record may be a
 		// hand-out in flight, not a holding.
+		if r.newerRecordWins(pi) {
+			return
+		}
 		p.dirty[ci] = struct{}{}
 		r.allocate(ci, pi.name)
 		return
@@ -614,11 +617,58 @@ func (r *round) resolveMark(pi *podInfo) {
 		return
 	}
 	if ci.recRV != 0 && ci.recRV > pi.markRV {
+		if r.newerRecordWins(pi) {
+			return
+		}
 		r.startSettle(ci, pi)
 		return
 	}
 	// The mark is newer than the record known: a hand-out may be in flight.
 	r.reserveFor(ci, pi)
+}
+
+// newerRecordWins gives pi, under WithPodMarkMigration, to the listed
+// claim whose record lists it as held and is newer than pi's mark, when
+// the claim the mark names does not hold it; the pod is then marked for
+// that claim. It reports whether it did.
+//
+// Such a record was written by something other than poolalloc, which
+// writes a record listing a pod only while the pod is marked for that
+// claim and removes a mark only once a newer version of the record no
+// longer lists the pod: a claim version newer than the mark that lists
+// the pod was edited after poolalloc let it go. That is what an
+// OpenSandbox controller run in between does (see WithOpenSandbox): it
+// knows nothing of marks and hands pods out by the records alone. Since a
+// pod's resourceVersion bounds its mark's age only from above, a pod
+// changed since it was marked (its status, say) makes the record look no
+// newer, and the mark's claim settles the pod as usual.
+func (r *round) newerRecordWins(pi *podInfo) bool {
+	if !r.a.cfg.markMigrate || pi.markRV == 0 {
+		return false
+	}
+	var winner *claimInfo
+	for _, ci := range r.p.claims {
+		if !ci.listed || ci.recRV <= pi.markRV || !slices.Contains(ci.strays(), pi.name) {
+			continue
+		}
+		if winner != nil {
+			return false // listed by two: neither record is believed
+		}
+		winner = ci
+	}
+	if winner == nil {
+		return false
+	}
+	r.removeStray(winner, pi.name)
+	if !r.allocate(winner, pi.name) {
+		return false
+	}
+	r.p.tomark[pi.name] = winner.uid
+	if r.p.overrule == nil {
+		r.p.overrule = make(map[string]string)
+	}
+	r.p.overrule[pi.name] = pi.mark
+	return true
 }
 
 // reserveFor reserves pi for ci for a quarantine: it is marked for ci and

@@ -41,6 +41,11 @@ func (a *defaultAllocator) checkInvariants() error {
 func (p *pool) checkInvariants(a *defaultAllocator) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for name := range p.overrule {
+		if _, ok := p.tomark[name]; !ok {
+			bad("pod %s: a mark is overruled but the pod is not to be marked", name)
+		}
+	}
 	for i, c := range p.free {
 		pi := p.pods[c.Name]
 		switch {

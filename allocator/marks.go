@@ -84,8 +84,9 @@ func (r *round) markHeld() {
 	for name, uid := range r.p.tomark {
 		pi := r.p.pods[name]
 		holder := r.p.holderOf(pi)
-		if pi == nil || !pi.present || holder == nil || holder.uid != uid || pi.mark != "" {
+		if pi == nil || !pi.present || holder == nil || holder.uid != uid || pi.mark != "" && !r.p.overruled(pi, holder) {
 			delete(r.p.tomark, name)
+			delete(r.p.overrule, name)
 			continue
 		}
 		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: markValue(holder.holder())})
@@ -98,6 +99,8 @@ func (r *round) markHeld() {
 	for _, j := range jobs {
 		pi := j.pi
 		delete(r.p.tomark, pi.name)
+		old, overruling := r.p.overrule[pi.name]
+		delete(r.p.overrule, pi.name)
 		if j.err == nil {
 			r.marked(pi, j.rv, j.mark)
 			continue
@@ -108,6 +111,9 @@ func (r *round) markHeld() {
 			// claim keeps it, of uncertain use as before, and the mark is
 			// tried again on the next round's view of the pod.
 			r.p.tomark[pi.name] = j.ci.uid
+			if overruling {
+				r.p.overrule[pi.name] = old
+			}
 			continue
 		}
 		r.drop(j.ci, pi)

@@ -170,3 +170,39 @@ func TestOpenSandboxModeTakesOverRecordsWithRepeats(t *testing.T) {
 		require.ErrorContains(t, err, "listed twice")
 	})
 }
+
+func TestOpenSandboxRollbackAndReturn(t *testing.T) {
+	// poolalloc hands a pod to s1 and marks it; the operator rolls back to
+	// OpenSandbox's controller, which knows nothing of marks: s1 gives
+	// the pod back, the controller recycles it (noop) and hands it to a
+	// new sandbox s2. Then poolalloc returns, with migration on.
+	f := newFixture(t)
+	f.keys = syncer.OpenSandboxKeys()
+	pool := f.pool("p", 3)
+	a1 := f.alloc(allocator.WithOpenSandbox())
+	f.claim("s1", "p", 1)
+	res := f.settle(a1, pool, 3)
+	pods := grantsTo(res, "s1")
+	require.Len(t, pods, 1)
+	x := pods[0]
+	s1 := f.get("s1")
+	require.Equal(t, "s1/"+string(s1.UID), f.marks("p")[x])
+
+	// OpenSandbox's era, as its controllers write it.
+	f.setAnnotation("s1", osAllocRelease, osList(x))
+	f.setAnnotation("s1", osAllocReleased, osList(x))
+	s2 := testenv.NewClaim(f.ns, "s2", "p", 1)
+	s2.Annotations = map[string]string{osAllocStatus: osList(x)}
+	s2.Finalizers = []string{osFinalizer}
+	require.NoError(t, f.c.Create(f.ctx, s2))
+
+	a2 := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarkMigration(true))
+	res = f.settle(a2, pool, 6)
+	require.Empty(t, res.Released, "nothing is taken from s2: its record is newer than the mark")
+	require.Empty(t, grantsTo(res, "s2"), "s2 keeps its pod and wants no other")
+	require.Empty(t, grantsTo(res, "s1"))
+	require.Equal(t, map[string]string{x: "s2"}, f.snapshot(a2, pool))
+	require.Equal(t, "s2/"+string(f.get("s2").UID), f.marks("p")[x], "re-marked for the claim whose record is newer")
+	require.Equal(t, osRecord{status: osList(x), finalizer: true}, f.osRecord("s2"))
+	require.Equal(t, osRecord{status: osList(x), released: osList(x), finalizer: true}, f.osRecord("s1"))
+}

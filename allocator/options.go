@@ -304,8 +304,11 @@ func WithOpenSandbox() Option { return optionFunc(func(c *config) { c.openSandbo
 // carrying no mark, and mark them: for the first start with pod marks on
 // pools whose allocations were made without them. Without it, such pods
 // are not given to the claim that lists them (a record is editable by the
-// claim's users; a mark only by the allocator). Turn it off again once every
-// pool has recovered.
+// claim's users; a mark only by the allocator). It also believes a record
+// over a pod's mark when the record is newer than the mark and the claim
+// the mark names does not hold the pod: poolalloc never writes such a
+// record, an OpenSandbox controller run in between does (see
+// WithOpenSandbox). Turn it off again once every pool has recovered.
 func WithPodMarkMigration(migrate bool) Option {
 	return optionFunc(func(c *config) { c.markMigrate = migrate })
 }
