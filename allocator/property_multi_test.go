@@ -169,6 +169,8 @@ type mmAlloc struct {
 	id      int
 	algo    string
 	writers int
+	// migrate is whether it runs WithPodMarkMigration.
+	migrate bool
 	a       allocator.Allocator
 	// seen is, per pool, what the instance was last given: the base of
 	// the Changes of an Update.
@@ -891,12 +893,17 @@ func (m *mmMachine) startAllocator(t *rapid.T) *mmAlloc {
 	}
 	if !m.marks {
 		opts = append(opts, allocator.WithPodMarks(false))
+	} else if rapid.IntRange(0, 3).Draw(t, "mark migration if 3") == 3 {
+		// Poolalloc writes no record that migration would believe over
+		// a mark: it changes nothing in these histories.
+		opts = append(opts, allocator.WithPodMarkMigration(true))
+		al.migrate = true
 	}
 	a, err := allocator.New(m.clientFor(al), opts...)
 	m.must(err, "allocator.New")
 	al.a = a
 	m.allocs = append(m.allocs, al)
-	m.logf("start allocator a%d (%s, %d writers)", al.id, al.algo, al.writers)
+	m.logf("start allocator a%d (%s, %d writers, migration %t)", al.id, al.algo, al.writers, al.migrate)
 	return al
 }
 
