@@ -544,6 +544,59 @@ func TestClaimMovedToAnotherPool(t *testing.T) {
 	require.Empty(t, f.snapshot(a, p1))
 }
 
+func TestClaimPoolGivesAMovedClaimsPodsBackAtOnce(t *testing.T) {
+	f := newFixture(t)
+	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
+	poolOf := func(o client.Object) types.NamespacedName {
+		return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*testenv.Claim).Spec.PoolRef}
+	}
+	a := f.alloc(allocator.WithClock(clocktesting.NewFakeClock(time.Now())), allocator.WithClaimPool(poolOf))
+	f.claim("c", "p1", 2)
+	f.claim("d", "p1", 0)
+	f.round(a, p1)
+	old := f.held("c")
+	require.Len(t, old, 2)
+
+	// Moved: a live read finds it in p2, so p1 takes its pods back in
+	// the next round, with no quarantine.
+	c := f.get("c")
+	c.Spec.PoolRef = "p2"
+	require.NoError(t, f.c.Update(f.ctx, c))
+	res := f.round(a, p1)
+	require.Len(t, res.Released, 1)
+	require.ElementsMatch(t, old, res.Released[0].Pods)
+	require.Empty(t, f.held("c"))
+	f.round(a, p2)
+	require.Len(t, f.held("c"), 2)
+
+	// Detached from every pool (an empty poolRef): the same.
+	f.scale("d", 1)
+	f.round(a, p1)
+	require.Len(t, f.held("d"), 1)
+	d := f.get("d")
+	d.Spec.PoolRef = ""
+	require.NoError(t, f.c.Update(f.ctx, d))
+	res = f.round(a, p1)
+	require.Len(t, res.Released, 1)
+	require.Empty(t, f.held("d"))
+
+	// A claim merely missing from a listing, still in the pool on the
+	// server, keeps its pods for the quarantine.
+	f.claim("e", "p1", 1)
+	f.round(a, p1)
+	held := f.held("e")
+	require.Len(t, held, 1)
+	in, err := world.Input(f.ctx, f.c, p1)
+	require.NoError(t, err)
+	in.Claims = slices.DeleteFunc(in.Claims, func(cl allocator.Claim) bool { return cl.Object.GetName() == "e" })
+	res, err = a.Round(f.ctx, in)
+	require.NoError(t, err)
+	require.Empty(t, res.Released)
+	require.Equal(t, held, f.held("e"))
+	snap := f.snapshot(a, p1)
+	require.Equal(t, "e", snap[held[0]], "still held")
+}
+
 func TestPoolDeletedAndRecreatedStartsEmpty(t *testing.T) {
 	f := newFixture(t)
 	pool := f.pool("p", 2)

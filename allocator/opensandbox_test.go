@@ -1,12 +1,17 @@
 package allocator_test
 
 import (
+	"context"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
@@ -205,4 +210,101 @@ func TestOpenSandboxRollbackAndReturn(t *testing.T) {
 	require.Equal(t, "s2/"+string(f.get("s2").UID), f.marks("p")[x], "re-marked for the claim whose record is newer")
 	require.Equal(t, osRecord{status: osList(x), finalizer: true}, f.osRecord("s2"))
 	require.Equal(t, osRecord{status: osList(x), released: osList(x), finalizer: true}, f.osRecord("s1"))
+}
+
+// osView is what OpenSandbox's controller makes of a claim's records when
+// it takes a pool back: the pods the sandbox holds (the set of alloc-status
+// minus the set of alloc-released) and how many more it would hand out
+// (replicas less the length of alloc-status).
+func osView(t *testing.T, f *fixture, name string) (held []string, supplement int32) {
+	t.Helper()
+	s, err := syncer.NewAnnotationSyncer(f.c, syncer.OpenSandboxKeys(), syncer.WithOpenSandboxFormat())
+	require.NoError(t, err)
+	c := f.get(name)
+	rec, err := s.Read(c)
+	require.NoError(t, err)
+	held = rec.Held()
+	slices.Sort(held)
+	return held, max(0, c.Spec.Replicas-int32(len(rec.Allocated)))
+}
+
+func TestOpenSandboxModeRecyclingAndHandBack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// recycler returns the recycler, given the fixture; done says
+		// after how many calls a pod is recycled.
+		recycler func(f *fixture) allocator.Recycler
+	}{
+		{"noop", func(*fixture) allocator.Recycler { return allocator.RecycleNoop }},
+		{"delete", func(f *fixture) allocator.Recycler {
+			// RecycleDelete, with no grace period: no kubelet confirms a
+			// graceful deletion here.
+			return func(ctx context.Context, req allocator.RecycleRequest) (bool, error) {
+				pod := &corev1.Pod{}
+				pod.Namespace, pod.Name = req.Pool.Namespace, req.Pod
+				err := f.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &req.UID})
+				if apierrors.IsNotFound(err) {
+					err = nil
+				}
+				return false, err // done once it has left the listing
+			}
+		}},
+		{"restart", func(*fixture) allocator.Recycler {
+			// A restart takes two rounds: the first starts it.
+			var mu sync.Mutex
+			calls := map[string]int{}
+			return func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls[req.Pod]++
+				return calls[req.Pod] > 1, nil
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.keys = syncer.OpenSandboxKeys()
+			pool := f.pool("p", 3)
+			a := f.alloc(allocator.WithOpenSandbox(), allocator.WithRecycler(tc.recycler(f)))
+			f.claim("sbx", "p", 2)
+			first := grantsTo(f.settle(a, pool, 3), "sbx")
+			require.Len(t, first, 2)
+
+			f.setAnnotation("sbx", osAllocRelease, osList(first[1]))
+			res := f.round(a, pool)
+			if tc.name == "restart" {
+				require.Equal(t, []string{first[1]}, res.Recycling)
+				require.Equal(t, osRecord{status: osList(first...), finalizer: true}, f.osRecord("sbx"),
+					"not released before the restart is done")
+			}
+			f.settle(a, pool, 4)
+			require.Equal(t, osRecord{status: osList(first...), released: osList(first[1]), finalizer: true}, f.osRecord("sbx"))
+			if tc.name == "delete" {
+				require.True(t, f.podGone(first[1]), "the delete recycler deleted it")
+			}
+
+			// Scale up past the lifetime bound: one more pod, never the
+			// released one (a deleted pod's name would do for a fresh pod
+			// under it: not here, the pool creates none).
+			f.scale("sbx", 3)
+			more := grantsTo(f.settle(a, pool, 3), "sbx")
+			require.Len(t, more, 1)
+			require.NotEqual(t, first[1], more[0])
+			require.Equal(t, osRecord{status: osList(first[0], first[1], more[0]), released: osList(first[1]), finalizer: true}, f.osRecord("sbx"))
+
+			// Handed back to OpenSandbox's controller: it sees what
+			// poolalloc holds, and nothing to hand out.
+			held, supplement := osView(t, f, "sbx")
+			require.Equal(t, f.held("sbx"), held)
+			require.Equal(t, []string{first[0], more[0]}, sortedStrings(mapKeys(f.snapshot(a, pool))))
+			require.Zero(t, supplement, "OpenSandbox would hand out nothing more")
+		})
+	}
+}
+
+func sortedStrings(s []string) []string { slices.Sort(s); return s }
+
+func (f *fixture) podGone(name string) bool {
+	err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, &corev1.Pod{})
+	return apierrors.IsNotFound(err)
 }

@@ -130,6 +130,8 @@ type config struct {
 	claimType   client.Object
 	// openSandbox is set by WithOpenSandbox.
 	openSandbox bool
+	// claimPool is WithClaimPool's function, nil if not given.
+	claimPool func(client.Object) types.NamespacedName
 	// nilSet names the options that were given nil where nil is not
 	// allowed (WithStore, WithSyncer, WithAPIReader, WithClaimType).
 	nilSet []string
@@ -184,7 +186,7 @@ func WithAlgorithm(a algorithm.Algorithm) Option {
 }
 
 // WithReadiness replaces PodReady, the rule that decides which pods may be
-// handed out.
+// handed out. A pod being deleted is never ready, whatever the rule says.
 func WithReadiness(ready func(*corev1.Pod) bool) Option {
 	return optionFunc(func(c *config) { c.ready = ready })
 }
@@ -299,6 +301,20 @@ func WithPodMarkKey(key string) Option {
 // It cannot be combined with WithSyncer or WithKeys; WithAPIReader is
 // passed on to the syncer.
 func WithOpenSandbox() Option { return optionFunc(func(c *config) { c.openSandbox = true }) }
+
+// WithClaimPool tells the allocator which pool a claim belongs to (for
+// example its spec.poolRef in its namespace). A claim that leaves a pool's
+// listing but still exists keeps its pods for a quarantine (WithQuarantine),
+// since a lagging listing may just not show it; with WithClaimPool, a live
+// read that finds it in another pool, or in none, gives its pods back at
+// once. poolOf is called only on objects read live from the API server.
+// It must not be nil.
+func WithClaimPool(poolOf func(claim client.Object) types.NamespacedName) Option {
+	return optionFunc(func(c *config) {
+		c.checkNil("WithClaimPool", poolOf)
+		c.claimPool = poolOf
+	})
+}
 
 // WithPodMarkMigration makes recovery believe records that list pods
 // carrying no mark, and mark them: for the first start with pod marks on

@@ -57,6 +57,7 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		{"bad mark key", c, []allocator.Option{allocator.WithPodMarkKey("not a key!")}, `pod mark key "not a key!"`},
 		{"keys with syncer", c, []allocator.Option{allocator.WithSyncer(s), allocator.WithKeys(syncer.DefaultKeys())}, "cannot be combined with WithSyncer"},
 		{"API reader with syncer", c, []allocator.Option{allocator.WithSyncer(s), allocator.WithAPIReader(c)}, "cannot be combined with WithSyncer"},
+		{"nil claim pool", c, []allocator.Option{allocator.WithClaimPool(nil)}, "WithClaimPool(nil)"},
 		{"OpenSandbox with syncer", c, []allocator.Option{allocator.WithOpenSandbox(), allocator.WithSyncer(s)}, "WithOpenSandbox sets the syncer"},
 		{"OpenSandbox with keys", c, []allocator.Option{allocator.WithKeys(syncer.OpenSandboxKeys()), allocator.WithOpenSandbox()}, "WithOpenSandbox sets the syncer"},
 		{"no client, no syncer", nil, []allocator.Option{allocator.WithPodMarks(false)}, "nil client and no syncer"},

@@ -1435,3 +1435,34 @@ func TestRegressionSettleDoesNotUndoANewerHandOut(t *testing.T) {
 	require.Equal(t, []string{"p-0", "p-1", "p-2"}, recordOn(t, c, "c").Held())
 	require.NoError(t, allocator.CheckInvariants(a))
 }
+
+func TestTerminatingPodNeverHandedOutWhateverTheReadinessRule(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool("p", 1)
+	pod := &corev1.Pod{}
+	require.NoError(t, f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "p-0"}, pod))
+	pod.Finalizers = append(pod.Finalizers, "example.com/hold")
+	require.NoError(t, f.c.Update(f.ctx, pod))
+	require.NoError(t, f.c.Delete(f.ctx, pod))
+	t.Cleanup(func() {
+		p := &corev1.Pod{}
+		if f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "p-0"}, p) == nil {
+			p.Finalizers = nil
+			_ = f.c.Update(f.ctx, p)
+		}
+	})
+	// OpenSandbox's rule: phase and the Ready condition only.
+	a := f.alloc(allocator.WithReadiness(func(p *corev1.Pod) bool {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				return p.Status.Phase == corev1.PodRunning && c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	}))
+	f.claim("c", "p", 1)
+	res := f.round(a, pool)
+	require.Empty(t, res.Allocated, "a pod being deleted is not handed out")
+	require.Equal(t, 1, res.Shortfall)
+	require.Empty(t, res.Idle)
+}

@@ -693,7 +693,10 @@ func (r *round) observePod(pod *corev1.Pod) {
 			pi.markOwn, pi.markRV = false, rvNum(pod.ResourceVersion)
 		}
 	}
-	pi.ready = r.a.cfg.ready(pod)
+	// A pod being deleted is never handed out, whatever the readiness
+	// rule says (OpenSandbox's, for one, looks only at phase and the
+	// Ready condition, which a terminating pod keeps for a while).
+	pi.ready = pod.DeletionTimestamp == nil && r.a.cfg.ready(pod)
 	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	node, zone := pod.Spec.NodeName, pod.Labels[ZoneLabel]
 	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
@@ -1568,7 +1571,7 @@ func (r *round) queueOrphans() {
 			continue
 		}
 		if since := ci.since(); !since.IsZero() && !ci.isGone() && r.now.Before(since.Add(r.a.cfg.quarantine)) {
-			if _, err := r.probe(ci); err != nil || !ci.isGone() {
+			if left, err := r.probe(ci); err != nil || !left {
 				continue
 			}
 		}
@@ -1578,36 +1581,33 @@ func (r *round) queueOrphans() {
 	}
 }
 
-// probe reads a claim that left the pool's listing live. It sets ci.isGone()
-// when the claim no longer exists, and otherwise returns the pods its
-// record lists as held (none while it is being deleted), or why the claim
-// could not be read.
-func (r *round) probe(ci *claimInfo) (held []string, err error) {
+// probe reads a claim that left the pool's listing live and reports
+// whether it left the pool for certain: it no longer exists (ci.isGone()
+// is set then), or WithClaimPool says it is in another pool (or none).
+// It returns why the claim could not be read.
+func (r *round) probe(ci *claimInfo) (left bool, err error) {
 	if ci.isGone() {
-		return nil, nil
+		return true, nil
 	}
 	base := ci.object()
 	if base == nil {
 		base = r.p.protoFor(ci)
 	}
 	if base == nil {
-		return nil, errNoProto
+		return false, errNoProto
 	}
 	live, err := r.live(ci, base)
 	switch {
 	case apierrors.IsNotFound(err):
 		ci.setGone()
-		return nil, nil
+		return true, nil
 	case err != nil:
-		return nil, err
-	case live.GetDeletionTimestamp() != nil:
-		return nil, nil // being deleted: it gets nothing and keeps nothing
+		return false, err
 	}
-	rec, err := r.a.cfg.syncer.Read(live)
-	if err != nil && !errors.Is(err, syncer.ErrMalformedRelease) {
-		return nil, err
+	if poolOf := r.a.cfg.claimPool; poolOf != nil && poolOf(live) != r.p.name {
+		return true, nil
 	}
-	return rec.Held(), nil
+	return false, nil
 }
 
 // recycleJob is one pod to recycle (or settle) for a claim.
