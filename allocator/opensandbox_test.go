@@ -167,6 +167,17 @@ func TestOpenSandboxModeTakesOverRecordsWithRepeats(t *testing.T) {
 		require.Equal(t, map[string]string{"p-2": "sbx", got[0]: "sbx"}, f.snapshot(a, pool),
 			"a repeat is one pod, and a released pod is not held however often it is listed")
 	})
+	t.Run("open-sandbox-mode-without-marks", func(t *testing.T) {
+		f, pool := setup(t)
+		a := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarks(false))
+		res := f.settle(a, pool, 3)
+		got := grantsTo(res, "sbx")
+		require.Len(t, got, 1)
+		require.NotEqual(t, "p-0", got[0])
+		require.Equal(t, osRecord{status: osList("p-0", "p-0", "p-2", got[0]), released: osList("p-0"), finalizer: true}, f.osRecord("sbx"))
+		require.Equal(t, map[string]string{"p-2": "sbx", got[0]: "sbx"}, f.snapshot(a, pool))
+		require.Empty(t, f.marks("p"), "no marks written")
+	})
 	t.Run("default-format-refuses-repeats", func(t *testing.T) {
 		f, pool := setup(t)
 		a := f.alloc(allocator.WithKeys(syncer.OpenSandboxKeys()), allocator.WithPodMarkMigration(true))
