@@ -43,6 +43,8 @@ type round struct {
 	res *Result
 	// errs collects per-claim errors that do not stop the round.
 	errs []error
+	// warmed keeps what warm read (see scan); it means nothing.
+	warmed int32
 	// shortfall adds demand the algorithm did not see (moving claims).
 	shortfall int
 	// listIdle asks report for the names of idle pods (Round), not only
@@ -442,11 +444,23 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 	// misses of many objects to overlap (a listing is larger than the
 	// caches); the second works on the copies.
 	var pheads [scanChunk]podHead
+	var pfound [scanChunk]*podInfo
 	for start := 0; start < len(pods); start += scanChunk {
 		chunk := pods[start:min(start+scanChunk, len(pods))]
 		for j := range chunk {
 			m := &chunk[j].ObjectMeta
 			pheads[j] = podHead{name: m.Name, ns: m.Namespace, uid: m.UID, rv: m.ResourceVersion}
+		}
+		batched := h.off()
+		if batched {
+			// A listing in another order than the pool's (an informer
+			// cache's): every pod is found through the map. Looking the
+			// chunk up in one short loop, then touching the entries
+			// found, lets their cache misses overlap.
+			for j := range chunk {
+				pfound[j] = p.pods[pheads[j].name]
+			}
+			r.warmed += warm(pfound[:len(chunk)], p.podSeen)
 		}
 		for j := range chunk {
 			hd := &pheads[j]
@@ -455,7 +469,11 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			var pi *podInfo
 			var st *stamp[*podInfo]
-			if h.try(len(p.podSeen)) {
+			if batched {
+				if pi = pfound[j]; pi != nil {
+					st = p.podSeen.at(pi)
+				}
+			} else if h.try(len(p.podSeen)) {
 				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name == hd.name {
 					pi, st = s.v, s // the entry of pods under that name
 				}
@@ -502,11 +520,19 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 	var changedClaims []int
 	var newClaims map[types.UID]struct{}
 	var cheads [scanChunk]claimHead
+	var cfound [scanChunk]*claimInfo
 	h = hint{}
 	for start := 0; start < len(claims); start += scanChunk {
 		chunk := claims[start:min(start+scanChunk, len(claims))]
 		for j := range chunk {
 			cheads[j] = headOf(chunk[j].Object)
+		}
+		batched := h.off()
+		if batched {
+			for j := range chunk {
+				cfound[j] = p.claims[cheads[j].uid]
+			}
+			r.warmed += warm(cfound[:len(chunk)], p.claimSeen)
 		}
 		for j := range chunk {
 			i, hd := start+j, &cheads[j]
@@ -517,7 +543,11 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			var ci *claimInfo
 			var st *stamp[*claimInfo]
-			if h.try(len(p.claimSeen)) {
+			if batched {
+				if ci = cfound[j]; ci != nil {
+					st = p.claimSeen.at(ci)
+				}
+			} else if h.try(len(p.claimSeen)) {
 				if s := &p.claimSeen[h.next]; s.v.uid == hd.uid {
 					ci, st = s.v, s // the entry of claims under uid
 				}
@@ -601,6 +631,10 @@ type hint struct {
 	next         int
 	hits, misses int
 }
+
+// off reports whether the hint has missed too often to be tried again in
+// this scan.
+func (h *hint) off() bool { return h.misses > h.hits+maxHintMisses }
 
 // try reports whether to look at next, in an array of n.
 func (h *hint) try(n int) bool { return h.next < n && h.misses <= h.hits+maxHintMisses }
