@@ -276,7 +276,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 // held pods base did not list, then w's hand-outs. The released list is
 // the one last known, in its order, then the pods w finished recycling;
 // a held pod leaves it. Nothing else is removed or sorted. The finalizer
-// stays while the claim lives.
+// stays while the claim lives and is listed in this pool.
 func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, release []string) (syncer.Record, bool) {
 	ci := w.ci
 	holds := make(map[string]struct{}, len(held)+len(w.add)+len(w.adopt))
@@ -321,7 +321,10 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 		}
 	}
 	stillRecycling := int(ci.recycling) - len(w.done)
-	fin := len(held)+len(w.add)+len(w.adopt) > 0 || stillRecycling > 0 || !ci.terminating
+	// Kept while the claim lives in this pool; one that left it (moved,
+	// or detached as OpenSandbox does on pause, taking the finalizer off
+	// itself) does not get it back from the pool it left.
+	fin := len(held)+len(w.add)+len(w.adopt) > 0 || stillRecycling > 0 || !ci.terminating && ci.listed
 	return syncer.Record{Allocated: allocated, Release: release, Released: released}, fin
 }
 

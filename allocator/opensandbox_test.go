@@ -319,3 +319,50 @@ func (f *fixture) podGone(name string) bool {
 	err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, &corev1.Pod{})
 	return apierrors.IsNotFound(err)
 }
+
+func TestOpenSandboxReleasedPodGoesToAnotherClaim(t *testing.T) {
+	// s1, served first, released p-0 and may get one more pod; p-0 is the
+	// only free pod. The strategy offers it to s1, which cannot take it
+	// back: it goes to s2 instead, not nowhere.
+	f := newFixture(t)
+	f.keys = syncer.OpenSandboxKeys()
+	pool := f.pool("p", 1)
+	a := f.alloc(allocator.WithOpenSandbox())
+	f.claim("s1", "p", 1)
+	require.Equal(t, []string{"p-0"}, grantsTo(f.settle(a, pool, 3), "s1"))
+	f.setAnnotation("s1", osAllocRelease, osList("p-0"))
+	f.settle(a, pool, 4)
+	f.scale("s1", 2)
+	f.claim("s2", "p", 1)
+	res := f.settle(a, pool, 3)
+	require.Empty(t, grantsTo(res, "s1"))
+	require.Equal(t, []string{"p-0"}, grantsTo(res, "s2"))
+	require.Equal(t, osRecord{status: osList("p-0"), finalizer: true}, f.osRecord("s2"))
+	require.Equal(t, osRecord{status: osList("p-0"), released: osList("p-0"), finalizer: true}, f.osRecord("s1"))
+}
+
+func TestOpenSandboxDetachedSandboxDoesNotGetTheFinalizerBack(t *testing.T) {
+	// OpenSandbox's pause detaches a pooled sandbox: it empties
+	// spec.poolRef and takes the pool finalizer off itself. The pool
+	// gives its pods back and must not put the finalizer back on, or
+	// the sandbox could never be deleted: no pool lists it any more.
+	f := newFixture(t)
+	f.keys = syncer.OpenSandboxKeys()
+	pool := f.pool("p", 2)
+	poolOf := func(o client.Object) types.NamespacedName {
+		return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*testenv.Claim).Spec.PoolRef}
+	}
+	a := f.alloc(allocator.WithOpenSandbox(), allocator.WithClaimPool(poolOf))
+	f.claim("sbx", "p", 1)
+	got := grantsTo(f.settle(a, pool, 3), "sbx")
+	require.Len(t, got, 1)
+	c := f.get("sbx")
+	c.Spec.PoolRef = ""
+	c.Finalizers = slices.DeleteFunc(c.Finalizers, func(s string) bool { return s == osFinalizer })
+	require.NoError(t, f.c.Update(f.ctx, c))
+	res := f.settle(a, pool, 3)
+	require.Len(t, res.Released, 1)
+	require.Equal(t, osRecord{status: osList(got...), released: osList(got...)}, f.osRecord("sbx"))
+	require.NoError(t, f.c.Delete(f.ctx, f.get("sbx")))
+	require.True(t, f.gone("sbx"))
+}

@@ -289,9 +289,9 @@ func WithPodMarkKey(key string) Option {
 //     or released;
 //   - a claim is never handed a pod its record already lists: the format
 //     cannot say that a released pod is held again;
-//   - the allocation finalizer stays while the claim lives, also when it
-//     holds nothing, and goes once it is being deleted and all its pods
-//     are released;
+//   - the allocation finalizer stays while the claim lives and is listed
+//     in its pool, also when it holds nothing, and goes once it is being
+//     deleted and all its pods are released;
 //   - Claim.Want is OpenSandbox's spec.replicas, a bound over the claim's
 //     lifetime: a claim is handed pods until its record lists Want of
 //     them, released ones included, and never gives one back because Want

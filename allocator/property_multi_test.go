@@ -130,10 +130,14 @@ const (
 )
 
 var (
-	mmPools     = []string{"p1", "p2"}
-	errCrashed  = errors.New("allocator process crashed")
-	mmMarkKey   = allocator.DefaultPodMarkKey
-	mmRecordKey = syncer.DefaultKeys()
+	mmPools    = []string{"p1", "p2"}
+	errCrashed = errors.New("allocator process crashed")
+	mmMarkKey  = allocator.DefaultPodMarkKey
+	// mmRecordKey are the record keys of the history being run, and
+	// mmOpenSandbox whether its allocators run WithOpenSandbox (set when
+	// a machine starts, before any round).
+	mmRecordKey   = syncer.DefaultKeys()
+	mmOpenSandbox bool
 )
 
 // mmWorld is one history's view of an API server.
@@ -233,7 +237,10 @@ type mmClaim struct {
 	held        []string
 	released    []string
 	release     []string
-	err         error
+	// listed is every pod the record lists, held or released, each once
+	// (WithOpenSandbox: Want bounds their number).
+	listed []string
+	err    error
 }
 
 func (c *mmClaim) mark() string { return c.name + "/" + string(c.uid) }
@@ -408,6 +415,11 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 		recFinish:      make(map[string]bool),
 	}
 	m.marks = rapid.IntRange(0, 3).Draw(t, "pod marks off if 3") != 3
+	mmOpenSandbox = rapid.IntRange(0, 3).Draw(t, "OpenSandbox mode if 3") == 3
+	mmRecordKey = syncer.DefaultKeys()
+	if mmOpenSandbox {
+		mmRecordKey = syncer.OpenSandboxKeys()
+	}
 	m.recMode = mmRecycleMode(rapid.IntRange(0, 2).Draw(t, "recycler"))
 	for _, pool := range mmPools {
 		for range rapid.IntRange(1, 5).Draw(t, "pods of "+pool) {
@@ -596,6 +608,10 @@ func newMMState(pods []corev1.Pod, claims []testenv.Claim) *mmState {
 			terminating: cl.DeletionTimestamp != nil, finalizers: len(cl.Finalizers), rv: cl.ResourceVersion,
 		}
 		c.held, c.released, c.release, c.err = mmDecode(cl)
+		if c.err == nil {
+			all, _ := syncer.DecodePods(cl.Annotations[mmRecordKey.Allocated])
+			c.listed = slices.Compact(slices.Sorted(slices.Values(slices.Concat(all, c.released))))
+		}
 		st.claims = append(st.claims, c)
 		st.byUID[c.uid] = c
 	}
@@ -891,6 +907,9 @@ func (m *mmMachine) startAllocator(t *rapid.T) *mmAlloc {
 		allocator.WithWriteConcurrency(al.writers),
 		allocator.WithClaimType(&testenv.Claim{}),
 	}
+	if mmOpenSandbox {
+		opts = append(opts, allocator.WithOpenSandbox())
+	}
 	if !m.marks {
 		opts = append(opts, allocator.WithPodMarks(false))
 	} else if rapid.IntRange(0, 3).Draw(t, "mark migration if 3") == 3 {
@@ -903,7 +922,7 @@ func (m *mmMachine) startAllocator(t *rapid.T) *mmAlloc {
 	m.must(err, "allocator.New")
 	al.a = a
 	m.allocs = append(m.allocs, al)
-	m.logf("start allocator a%d (%s, %d writers, migration %t)", al.id, al.algo, al.writers, al.migrate)
+	m.logf("start allocator a%d (%s, %d writers, migration %t, OpenSandbox %t)", al.id, al.algo, al.writers, al.migrate, mmOpenSandbox)
 	return al
 }
 
@@ -1936,6 +1955,7 @@ func (m *mmMachine) liveness() {
 	}
 	holders := st.holders()
 	short := make(map[string][]string) // pool → short claims
+	shortOS := make(map[string][]*mmClaim)
 	for _, c := range st.claims {
 		for _, p := range c.held {
 			// A name whose pod is gone is a lost pod, kept as any lost
@@ -1952,12 +1972,34 @@ func (m *mmMachine) liveness() {
 			}
 			continue
 		}
+		if mmOpenSandbox {
+			// Want bounds what the record lists over the claim's
+			// lifetime; a lower Want takes nothing back.
+			if len(c.listed) < c.want {
+				short[c.pool] = append(short[c.pool], fmt.Sprintf("%s (lists %d of %d)", c.name, len(c.listed), c.want))
+				shortOS[c.pool] = append(shortOS[c.pool], c)
+			}
+			continue
+		}
 		if len(c.held) > c.want {
 			add("a claim holds more than it wants", "claim %s holds %v, more than the %d it wants", c.name, c.held, c.want)
 		}
 		if len(c.held) < c.want {
 			short[c.pool] = append(short[c.pool], fmt.Sprintf("%s (holds %d of %d)", c.name, len(c.held), c.want))
 		}
+	}
+	// takable reports whether a short claim of pool may take pod: under
+	// WithOpenSandbox, not one its record lists already.
+	takable := func(pool, pod string) bool {
+		if !mmOpenSandbox {
+			return true
+		}
+		for _, c := range shortOS[pool] {
+			if !slices.Contains(c.listed, pod) {
+				return true
+			}
+		}
+		return false
 	}
 	for _, name := range slices.Sorted(maps.Keys(st.pods)) {
 		pod := st.pods[name]
@@ -1967,7 +2009,7 @@ func (m *mmMachine) liveness() {
 				add("a pod is marked for a claim whose record does not hold it", "pod %s is marked %q but that claim's record does not hold it", name, pod.mark)
 			}
 		}
-		if s := short[pod.pool]; len(s) > 0 && pod.ready && len(holders[name]) == 0 && (!m.marks || pod.mark == "") {
+		if s := short[pod.pool]; len(s) > 0 && pod.ready && len(holders[name]) == 0 && (!m.marks || pod.mark == "") && takable(pod.pool, name) {
 			add("a ready pod is left unheld while a claim is short", "pod %s is ready, unheld and unmarked while %v are short", name, s)
 		}
 	}

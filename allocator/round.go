@@ -1433,7 +1433,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	if r.a.cfg.openSandbox {
-		act.Allocate = dropHistory(requested, act.Allocate)
+		act.Allocate = keepHistoryOut(reqs, requested, act)
 	}
 	if err := r.checkAction(requested, act); err != nil {
 		if serr := p.takeStoreErr(); serr != nil {
@@ -1464,22 +1464,61 @@ func (r *round) lifetimeWant(ci *claimInfo, keep int) int {
 	return keep + max(0, int(ci.want)-used)
 }
 
-// dropHistory takes out of grants, under WithOpenSandbox, the pods the
-// claim's record lists already as released: OpenSandbox's format cannot
-// say that such a pod is held again. Strategies are asked to avoid these
-// pods (Request.Avoid) and may still pick one when no other is left; the
-// pod then stays free for another claim.
-func dropHistory(requested map[types.UID]*claimInfo, grants []algorithm.Grant) []algorithm.Grant {
-	out := grants[:0:0]
-	for _, g := range grants {
-		ci := requested[g.UID]
-		if ci == nil || len(ci.released()) == 0 {
-			out = append(out, g)
-			continue
+// keepHistoryOut takes out of act's grants, under WithOpenSandbox, the
+// pods the claim's record lists already as released: OpenSandbox's format
+// cannot say that such a pod is held again. Strategies are asked to avoid
+// these pods (Request.Avoid) and may still pick one when no other is left.
+// Each pod taken out goes to the first request, in algorithm.Less order,
+// that still wants a pod and may take it, so that it does not stay idle
+// while a claim that could use it waits.
+func keepHistoryOut(reqs []algorithm.Request, requested map[types.UID]*claimInfo, act algorithm.Action) []algorithm.Grant {
+	var dropped []string
+	got := make(map[types.UID]int)
+	out := make([]algorithm.Grant, 0, len(act.Allocate))
+	for _, g := range act.Allocate {
+		if ci := requested[g.UID]; ci != nil && len(ci.released()) > 0 {
+			g.Pods = slices.DeleteFunc(slices.Clone(g.Pods), func(pod string) bool {
+				if slices.Contains(ci.released(), pod) {
+					dropped = append(dropped, pod)
+					return true
+				}
+				return false
+			})
 		}
-		g.Pods = slices.DeleteFunc(slices.Clone(g.Pods), func(pod string) bool { return slices.Contains(ci.released(), pod) })
+		got[g.UID] += len(g.Pods)
 		if len(g.Pods) > 0 {
 			out = append(out, g)
+		}
+	}
+	if len(dropped) == 0 {
+		return out
+	}
+	for _, g := range act.Release {
+		got[g.UID] -= len(g.Pods)
+	}
+	order := make([]*algorithm.Request, len(reqs))
+	for i := range reqs {
+		order[i] = &reqs[i]
+	}
+	slices.SortFunc(order, func(a, b *algorithm.Request) int {
+		if algorithm.Less(a, b) {
+			return -1
+		}
+		return 1
+	})
+	for _, pod := range dropped {
+		for _, req := range order {
+			ci := requested[req.UID]
+			if ci == nil || req.Want-len(req.Held)-got[req.UID] <= 0 || slices.Contains(ci.released(), pod) {
+				continue
+			}
+			got[req.UID]++
+			if k := slices.IndexFunc(out, func(g algorithm.Grant) bool { return g.UID == req.UID }); k >= 0 {
+				out[k].Pods = append(out[k].Pods, pod)
+			} else {
+				out = append(out, algorithm.Grant{UID: req.UID, Claim: req.Claim, Pods: []string{pod}})
+			}
+			break
 		}
 	}
 	return out
