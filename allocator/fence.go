@@ -646,8 +646,19 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 	if !r.a.cfg.markMigrate || pi.markRV == 0 {
 		return false
 	}
+	if r.strayIdx == nil {
+		// Built once a round: which claims' records list a pod they do not
+		// hold. A stray added later in the round is not in it, and the
+		// rule then waits for the next round.
+		r.strayIdx = make(map[string][]*claimInfo)
+		for _, ci := range r.p.claims {
+			for _, name := range ci.strays() {
+				r.strayIdx[name] = append(r.strayIdx[name], ci)
+			}
+		}
+	}
 	var winner *claimInfo
-	for _, ci := range r.p.claims {
+	for _, ci := range r.strayIdx[pi.name] {
 		if !ci.listed || ci.recRV <= pi.markRV || !slices.Contains(ci.strays(), pi.name) {
 			continue
 		}

@@ -45,6 +45,9 @@ type round struct {
 	errs []error
 	// warmed keeps what warm read (see scan); it means nothing.
 	warmed int32
+	// strayIdx indexes the claims' strays by pod for newerRecordWins,
+	// built on first use in the round.
+	strayIdx map[string][]*claimInfo
 	// shortfall adds demand the algorithm did not see (moving claims).
 	shortfall int
 	// listIdle asks report for the names of idle pods (Round), not only
