@@ -283,17 +283,22 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 	for _, p := range slices.Concat(held, w.add, w.adopt) {
 		holds[p] = struct{}{}
 	}
+	// The released list as known, repeats and all, then what w finished
+	// recycling that it does not list yet.
 	var released []string
 	inReleased := make(map[string]struct{})
-	for _, p := range slices.Concat(ci.released(), w.done, w.settled) {
-		if _, h := holds[p]; h {
-			continue
+	for _, p := range ci.released() {
+		if _, h := holds[p]; !h {
+			inReleased[p] = struct{}{}
+			released = append(released, p)
 		}
-		if _, dup := inReleased[p]; dup && (slices.Contains(w.done, p) || slices.Contains(w.settled, p)) {
-			continue // finished again: listed once more would say nothing
+	}
+	for _, p := range slices.Concat(w.done, w.settled) {
+		_, h := holds[p]
+		if _, dup := inReleased[p]; !h && !dup {
+			inReleased[p] = struct{}{}
+			released = append(released, p)
 		}
-		inReleased[p] = struct{}{}
-		released = append(released, p)
 	}
 	var allocated []string
 	listed := make(map[string]struct{})

@@ -611,12 +611,16 @@ func (f *fixture) getPod(name string) *corev1.Pod {
 	return pod
 }
 
-// movePool points a claim at another pool.
-func (f *fixture) movePool(name, pool string) {
+// movePool points a claim at another pool ("" detaches it), after edit,
+// if any, changes it further.
+func (f *fixture) movePool(name, pool string, edit ...func(*testenv.Claim)) {
 	f.t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		c := f.get(name)
 		c.Spec.PoolRef = pool
+		for _, e := range edit {
+			e(c)
+		}
 		return f.c.Update(f.ctx, c)
 	})
 	require.NoError(f.t, err)

@@ -505,6 +505,11 @@ func TestLostPodsReportedAndReplacedOnRequest(t *testing.T) {
 	}
 }
 
+// claimPoolRef is WithClaimPool's function for the test claims.
+func claimPoolRef(o client.Object) types.NamespacedName {
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*testenv.Claim).Spec.PoolRef}
+}
+
 func TestClaimMovedToAnotherPool(t *testing.T) {
 	f := newFixture(t)
 	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
@@ -515,9 +520,7 @@ func TestClaimMovedToAnotherPool(t *testing.T) {
 	old := f.held("c")
 	require.Len(t, old, 2)
 
-	c := f.get("c")
-	c.Spec.PoolRef = "p2"
-	require.NoError(t, f.c.Update(f.ctx, c))
+	f.movePool("c", "p2")
 	// p2 serves it only once p1 has taken its pods back, which p1 does once
 	// the claim, still there, has been missing from its listing for a
 	// Quarantine (a lagging listing would show it again before that):
@@ -547,10 +550,7 @@ func TestClaimMovedToAnotherPool(t *testing.T) {
 func TestClaimPoolGivesAMovedClaimsPodsBackAtOnce(t *testing.T) {
 	f := newFixture(t)
 	p1, p2 := f.pool("p1", 2), f.pool("p2", 2)
-	poolOf := func(o client.Object) types.NamespacedName {
-		return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*testenv.Claim).Spec.PoolRef}
-	}
-	a := f.alloc(allocator.WithClock(clocktesting.NewFakeClock(time.Now())), allocator.WithClaimPool(poolOf))
+	a := f.alloc(allocator.WithClock(clocktesting.NewFakeClock(time.Now())), allocator.WithClaimPool(claimPoolRef))
 	f.claim("c", "p1", 2)
 	f.claim("d", "p1", 0)
 	f.round(a, p1)
@@ -559,9 +559,7 @@ func TestClaimPoolGivesAMovedClaimsPodsBackAtOnce(t *testing.T) {
 
 	// Moved: a live read finds it in p2, so p1 takes its pods back in
 	// the next round, with no quarantine.
-	c := f.get("c")
-	c.Spec.PoolRef = "p2"
-	require.NoError(t, f.c.Update(f.ctx, c))
+	f.movePool("c", "p2")
 	res := f.round(a, p1)
 	require.Len(t, res.Released, 1)
 	require.ElementsMatch(t, old, res.Released[0].Pods)
@@ -573,9 +571,7 @@ func TestClaimPoolGivesAMovedClaimsPodsBackAtOnce(t *testing.T) {
 	f.scale("d", 1)
 	f.round(a, p1)
 	require.Len(t, f.held("d"), 1)
-	d := f.get("d")
-	d.Spec.PoolRef = ""
-	require.NoError(t, f.c.Update(f.ctx, d))
+	f.movePool("d", "")
 	res = f.round(a, p1)
 	require.Len(t, res.Released, 1)
 	require.Empty(t, f.held("d"))

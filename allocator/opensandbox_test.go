@@ -41,6 +41,24 @@ func osList(pods ...string) string {
 	return string(append(b, "]}"...))
 }
 
+// osFixture is a fixture whose records are OpenSandbox's, with a pool "p"
+// of n ready pods.
+func osFixture(t *testing.T, n int) (*fixture, types.NamespacedName) {
+	f := newFixture(t)
+	f.keys = syncer.OpenSandboxKeys()
+	return f, f.pool("p", n)
+}
+
+// osClaim creates a claim as OpenSandbox's controller leaves it: with
+// these annotations and its finalizer.
+func (f *fixture) osClaim(name, pool string, replicas int32, ann map[string]string) {
+	f.t.Helper()
+	c := testenv.NewClaim(f.ns, name, pool, replicas)
+	c.Annotations = ann
+	c.Finalizers = []string{osFinalizer}
+	require.NoError(f.t, f.c.Create(f.ctx, c))
+}
+
 // osRecord is a claim's record annotations and whether it carries
 // OpenSandbox's finalizer.
 type osRecord struct {
@@ -77,9 +95,7 @@ func (f *fixture) settle(a allocator.Allocator, pool types.NamespacedName, n int
 func TestOpenSandboxModeRecordsAsOpenSandboxWritesThem(t *testing.T) {
 	for _, marks := range []bool{true, false} {
 		t.Run("marks="+strconv.FormatBool(marks), func(t *testing.T) {
-			f := newFixture(t)
-			f.keys = syncer.OpenSandboxKeys()
-			pool := f.pool("p", 5)
+			f, pool := osFixture(t, 5)
 			a := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarks(marks))
 			f.claim("sbx", "p", 2)
 
@@ -142,17 +158,12 @@ func TestOpenSandboxModeTakesOverRecordsWithRepeats(t *testing.T) {
 	// and a replicas increase that handed the same pod back: p-0 twice in
 	// alloc-status and once in alloc-released.
 	setup := func(t *testing.T) (*fixture, types.NamespacedName) {
-		f := newFixture(t)
-		f.keys = syncer.OpenSandboxKeys()
-		pool := f.pool("p", 4)
-		c := testenv.NewClaim(f.ns, "sbx", "p", 3)
-		c.Annotations = map[string]string{
+		f, pool := osFixture(t, 4)
+		f.osClaim("sbx", "p", 3, map[string]string{
 			osAllocStatus:   osList("p-0", "p-0", "p-2"),
 			osAllocRelease:  osList("p-0"),
 			osAllocReleased: osList("p-0"),
-		}
-		c.Finalizers = []string{osFinalizer}
-		require.NoError(t, f.c.Create(f.ctx, c))
+		})
 		return f, pool
 	}
 	t.Run("open-sandbox-mode", func(t *testing.T) {
@@ -192,9 +203,7 @@ func TestOpenSandboxRollbackAndReturn(t *testing.T) {
 	// OpenSandbox's controller, which knows nothing of marks: s1 gives
 	// the pod back, the controller recycles it (noop) and hands it to a
 	// new sandbox s2. Then poolalloc returns, with migration on.
-	f := newFixture(t)
-	f.keys = syncer.OpenSandboxKeys()
-	pool := f.pool("p", 3)
+	f, pool := osFixture(t, 3)
 	a1 := f.alloc(allocator.WithOpenSandbox())
 	f.claim("s1", "p", 1)
 	res := f.settle(a1, pool, 3)
@@ -207,10 +216,7 @@ func TestOpenSandboxRollbackAndReturn(t *testing.T) {
 	// OpenSandbox's era, as its controllers write it.
 	f.setAnnotation("s1", osAllocRelease, osList(x))
 	f.setAnnotation("s1", osAllocReleased, osList(x))
-	s2 := testenv.NewClaim(f.ns, "s2", "p", 1)
-	s2.Annotations = map[string]string{osAllocStatus: osList(x)}
-	s2.Finalizers = []string{osFinalizer}
-	require.NoError(t, f.c.Create(f.ctx, s2))
+	f.osClaim("s2", "p", 1, map[string]string{osAllocStatus: osList(x)})
 
 	a2 := f.alloc(allocator.WithOpenSandbox(), allocator.WithPodMarkMigration(true))
 	res = f.settle(a2, pool, 6)
@@ -273,9 +279,7 @@ func TestOpenSandboxModeRecyclingAndHandBack(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			f.keys = syncer.OpenSandboxKeys()
-			pool := f.pool("p", 3)
+			f, pool := osFixture(t, 3)
 			a := f.alloc(allocator.WithOpenSandbox(), allocator.WithRecycler(tc.recycler(f)))
 			f.claim("sbx", "p", 2)
 			first := grantsTo(f.settle(a, pool, 3), "sbx")
@@ -324,9 +328,7 @@ func TestOpenSandboxReleasedPodGoesToAnotherClaim(t *testing.T) {
 	// s1, served first, released p-0 and may get one more pod; p-0 is the
 	// only free pod. The strategy offers it to s1, which cannot take it
 	// back: it goes to s2 instead, not nowhere.
-	f := newFixture(t)
-	f.keys = syncer.OpenSandboxKeys()
-	pool := f.pool("p", 1)
+	f, pool := osFixture(t, 1)
 	a := f.alloc(allocator.WithOpenSandbox())
 	f.claim("s1", "p", 1)
 	require.Equal(t, []string{"p-0"}, grantsTo(f.settle(a, pool, 3), "s1"))
@@ -346,20 +348,14 @@ func TestOpenSandboxDetachedSandboxDoesNotGetTheFinalizerBack(t *testing.T) {
 	// spec.poolRef and takes the pool finalizer off itself. The pool
 	// gives its pods back and must not put the finalizer back on, or
 	// the sandbox could never be deleted: no pool lists it any more.
-	f := newFixture(t)
-	f.keys = syncer.OpenSandboxKeys()
-	pool := f.pool("p", 2)
-	poolOf := func(o client.Object) types.NamespacedName {
-		return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.(*testenv.Claim).Spec.PoolRef}
-	}
-	a := f.alloc(allocator.WithOpenSandbox(), allocator.WithClaimPool(poolOf))
+	f, pool := osFixture(t, 2)
+	a := f.alloc(allocator.WithOpenSandbox(), allocator.WithClaimPool(claimPoolRef))
 	f.claim("sbx", "p", 1)
 	got := grantsTo(f.settle(a, pool, 3), "sbx")
 	require.Len(t, got, 1)
-	c := f.get("sbx")
-	c.Spec.PoolRef = ""
-	c.Finalizers = slices.DeleteFunc(c.Finalizers, func(s string) bool { return s == osFinalizer })
-	require.NoError(t, f.c.Update(f.ctx, c))
+	f.movePool("sbx", "", func(c *testenv.Claim) {
+		c.Finalizers = slices.DeleteFunc(c.Finalizers, func(s string) bool { return s == osFinalizer })
+	})
 	res := f.settle(a, pool, 3)
 	require.Len(t, res.Released, 1)
 	require.Equal(t, osRecord{status: osList(got...), released: osList(got...)}, f.osRecord("sbx"))
