@@ -283,7 +283,7 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 		defer p.mu.Unlock()
 		for _, c := range p.claims {
 			if p.nHeld(c) > 0 {
-				a.setHolds(c.uid, &p.name, false)
+				a.setHolds(c.uid(), &p.name, false)
 			}
 		}
 	}
@@ -447,14 +447,14 @@ type pool struct {
 // overruled reports whether pi, held by ci, waits to be marked for ci over
 // the mark it carries (see newerRecordWins).
 func (p *pool) overruled(pi *podInfo, ci *claimInfo) bool {
-	old, ok := p.overrule[pi.name]
-	return ok && old == pi.mark && p.tomark[pi.name] == ci.uid
+	old, ok := p.overrule[pi.name()]
+	return ok && old == pi.mark && p.tomark[pi.name()] == ci.uid()
 }
 
 // unknownHolder stands for the holder of a pod when the store could not
 // say, or names a claim the pool does not know: the pod is held, by no
 // claim the pool can act for.
-var unknownHolder = &claimInfo{}
+var unknownHolder = &claimInfo{key: "/", ns: new(string)}
 
 // holderOf returns the claim holding pi, as the store says: nil when none
 // does. Only a pod's entry is ever held, not a newer pod waiting under its
@@ -463,7 +463,7 @@ func (p *pool) holderOf(pi *podInfo) *claimInfo {
 	if pi == nil || pi.waiting {
 		return nil
 	}
-	h, ok, err := p.store.HolderOf(p.name, pi.name)
+	h, ok, err := p.store.HolderOf(p.name, pi.name())
 	switch {
 	case err != nil:
 		p.noteStoreErr(err)
@@ -474,13 +474,13 @@ func (p *pool) holderOf(pi *podInfo) *claimInfo {
 	if ci := p.claims[h.UID]; ci != nil {
 		return ci
 	}
-	p.noteStoreErr(fmt.Errorf("store: pod %s is held by %s, which the pool does not know", pi.name, h))
+	p.noteStoreErr(fmt.Errorf("store: pod %s is held by %s, which the pool does not know", pi.name(), h))
 	return unknownHolder
 }
 
 // held returns the pods ci holds, by name, as the store says.
 func (p *pool) held(ci *claimInfo) []*podInfo {
-	names, err := p.store.Held(p.name, ci.uid)
+	names, err := p.store.Held(p.name, ci.uid())
 	if err != nil {
 		p.noteStoreErr(err)
 		return nil
@@ -493,7 +493,7 @@ func (p *pool) held(ci *claimInfo) []*podInfo {
 		if pi := p.pods[name]; pi != nil {
 			out = append(out, pi)
 		} else {
-			p.noteStoreErr(fmt.Errorf("store: claim %s holds pod %s, which the pool does not know", ci.name, name))
+			p.noteStoreErr(fmt.Errorf("store: claim %s holds pod %s, which the pool does not know", ci.name(), name))
 		}
 	}
 	return out
@@ -501,7 +501,7 @@ func (p *pool) held(ci *claimInfo) []*podInfo {
 
 // nHeld returns how many pods ci holds, as the store says.
 func (p *pool) nHeld(ci *claimInfo) int {
-	n, err := p.store.Count(p.name, ci.uid)
+	n, err := p.store.Count(p.name, ci.uid())
 	if err != nil {
 		p.noteStoreErr(err)
 		return 0
@@ -602,10 +602,10 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 type podInfo struct {
 	// The fields a round reads for every pod of a listing come first.
 
-	name string
-	// uid is the pod's UID: a pod listed under a known name with another
-	// UID is a new pod (see next).
-	uid types.UID
+	// key is the pod's name followed by its UID, one string for the two
+	// (see name and uid); nameLen is the length of the name. A pod listed
+	// under a known name with another UID is a new pod (see next).
+	key string
 	rv  string
 	// idx is the pod's place in pool.podSeen, freeIdx in pool.free (-1
 	// when not there).
@@ -640,7 +640,8 @@ type podInfo struct {
 	// strays counts the claims whose record lists the pod as held although
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
-	strays int32
+	strays  int32
+	nameLen int32
 	// more is what few pods need, nil when empty: see reservedBy and
 	// nextPod.
 	more *podMore
@@ -745,6 +746,25 @@ func (pi *podInfo) reserve(ci *claimInfo, until time.Time) {
 	pi.tidy()
 }
 
+// newPodInfo returns the entry of a pod, not in the free list; uid is
+// empty when not known.
+func newPodInfo(name string, uid types.UID) *podInfo {
+	return &podInfo{key: name + string(uid), nameLen: int32(len(name)), freeIdx: -1}
+}
+
+// name is the pod's name, a part of key.
+func (pi *podInfo) name() string { return pi.key[:pi.nameLen] }
+
+// uid is the pod's UID, empty when not known; a part of key.
+func (pi *podInfo) uid() types.UID { return types.UID(pi.key[pi.nameLen:]) }
+
+// setUID sets the pod's UID.
+func (pi *podInfo) setUID(uid types.UID) {
+	if uid != pi.uid() {
+		pi.key = pi.name() + string(uid)
+	}
+}
+
 // podPlace is where a pod runs.
 type podPlace struct{ node, zone string }
 
@@ -766,7 +786,7 @@ func (p *pool) placeOf(node, zone string) *podPlace {
 }
 
 func (pi *podInfo) candidateOf() algorithm.Candidate {
-	c := algorithm.Candidate{Name: pi.name}
+	c := algorithm.Candidate{Name: pi.name()}
 	if pi.place != nil {
 		c.Node, c.Zone = pi.place.node, pi.place.zone
 	}
@@ -785,7 +805,7 @@ func (p *pool) candidateHeldBy(pi *podInfo, holder *claimInfo) bool {
 // settling or named by a stray record, and the entry under its name.
 func (p *pool) offerable(pi *podInfo, holder *claimInfo) bool {
 	return holder == nil && pi.present && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name] == pi
+		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name()] == pi
 }
 
 // isStarting reports whether pi counts in Result.Starting: offerable, not
@@ -814,11 +834,11 @@ func (p *pool) setStarting(pi *podInfo, starting bool) {
 func (p *pool) refreshFree(pi *podInfo) {
 	holder := p.holderOf(pi)
 	isLost := holder != nil && !pi.recycling && (!pi.present || !pi.ready)
-	if _, was := p.lost[pi.name]; was != isLost {
+	if _, was := p.lost[pi.name()]; was != isLost {
 		if isLost {
-			p.lost[pi.name] = pi
+			p.lost[pi.name()] = pi
 		} else {
-			delete(p.lost, pi.name)
+			delete(p.lost, pi.name())
 		}
 		if holder != nil && holder != unknownHolder {
 			p.dirty[holder] = struct{}{}
@@ -851,7 +871,10 @@ type claimInfo struct {
 	// The fields a round reads for every claim of a listing come first,
 	// within one cache line: uid, rv, meta and obj (known), idx, listed.
 
-	uid types.UID
+	// key is the claim's name and UID as a pod mark names them,
+	// "<name>/<uid>": one string for the two, shared with the marks of its
+	// pods, the store and the maps keyed by UID (see uid and name).
+	key string
 	// rv is the newest resourceVersion already processed. A listed object
 	// with it, or with an older one, is unchanged or older than obj: its
 	// record is not decoded again (see sawRV).
@@ -883,7 +906,10 @@ type claimInfo struct {
 	// holds are the store's to say (pool.held, pool.nHeld, pool.heldPod).
 	recycling int32
 
-	name types.NamespacedName
+	// ns is the claim's namespace, its pool's; nameLen the length of its
+	// name in key.
+	ns      *string
+	nameLen int32
 	// created is the creation time in Unix nanoseconds (see createdAt).
 	created int64
 
@@ -1052,7 +1078,21 @@ func (c *claimInfo) addRV(rv string) {
 	c.rv = rv
 }
 
-func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid, Claim: c.name} }
+func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid(), Claim: c.name()} }
+
+// setIdent sets the claim's namespace (a string its pool keeps), name and
+// UID.
+func (c *claimInfo) setIdent(ns *string, name string, uid types.UID) {
+	c.key, c.ns, c.nameLen = name+"/"+string(uid), ns, int32(len(name))
+}
+
+// uid is the claim's UID, a part of key.
+func (c *claimInfo) uid() types.UID { return types.UID(c.key[c.nameLen+1:]) }
+
+// name is the claim's namespace and name, a part of key.
+func (c *claimInfo) name() types.NamespacedName {
+	return types.NamespacedName{Namespace: *c.ns, Name: c.key[:c.nameLen]}
+}
 
 // noTime is claimInfo.created for a zero creation time.
 const noTime = math.MinInt64
@@ -1088,5 +1128,5 @@ func (p *pool) forget(ci *claimInfo) {
 	if p.forgotten == nil || len(p.forgotten) >= maxForgotten {
 		p.forgotten = make(map[types.UID]uint64)
 	}
-	p.forgotten[ci.uid] = rv
+	p.forgotten[ci.uid()] = rv
 }

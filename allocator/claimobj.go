@@ -196,9 +196,9 @@ func (ci *claimInfo) object() client.Object {
 			o.GetObjectKind().SetGroupVersionKind(m.kind.gvk)
 		}
 	}
-	o.SetNamespace(ci.name.Namespace)
-	o.SetName(ci.name.Name)
-	o.SetUID(ci.uid)
+	o.SetNamespace(ci.name().Namespace)
+	o.SetName(ci.name().Name)
+	o.SetUID(ci.uid())
 	o.SetResourceVersion(m.rv)
 	o.SetCreationTimestamp(metav1.Time{Time: ci.createdAt()})
 	if m.deleted != nil {

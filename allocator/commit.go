@@ -76,10 +76,10 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 			switch {
 			case slices.Contains(ci.released(), name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
 				r.endSettle(pi)
-				r.queueUnmark(pi, ci.uid, ci.recRV)
+				r.queueUnmark(pi, ci.uid(), ci.recRV)
 			case ci.isGone():
 				r.endSettle(pi)
-				r.queueUnmark(pi, ci.uid, fenceGone)
+				r.queueUnmark(pi, ci.uid(), fenceGone)
 			default:
 				write = append(write, name)
 				continue
@@ -87,7 +87,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 			freed = append(freed, name)
 		}
 		if len(freed) > 0 {
-			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: freed})
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: freed})
 		}
 		if len(write) > 0 {
 			get(ci).settled = write
@@ -97,7 +97,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		if r.a.cfg.replaceLost && ci.listed {
 			for _, pi := range p.held(ci) {
 				if r.gone(pi) && !pi.recycling {
-					get(ci).drop = append(get(ci).drop, pi.name)
+					get(ci).drop = append(get(ci).drop, pi.name())
 				}
 			}
 		}
@@ -130,7 +130,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 				// A write adds a pod only under a mark newer than the
 				// version it replaces: no one can have settled the pod
 				// since (that write would be newer).
-				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid && rvNum(ci.objRV()) < pi.markRV
+				ok = ok && pi.markOwn && pi.markUID(p.name) == ci.uid() && rvNum(ci.objRV()) < pi.markRV
 			}
 		}
 		if !ok {
@@ -139,7 +139,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 		w := get(ci)
 		for _, pi := range pods {
-			w.adopt = append(w.adopt, pi.name)
+			w.adopt = append(w.adopt, pi.name())
 		}
 	}
 	writes := make([]*write, 0, len(byClaim))
@@ -164,13 +164,13 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 
 func compareNames(x, y *claimInfo) int {
 	switch {
-	case x.name.String() < y.name.String():
+	case x.name().String() < y.name().String():
 		return -1
-	case x.name.String() > y.name.String():
+	case x.name().String() > y.name().String():
 		return 1
-	case x.uid < y.uid:
+	case x.uid() < y.uid():
 		return -1
-	case x.uid > y.uid:
+	case x.uid() > y.uid():
 		return 1
 	}
 	return 0
@@ -213,8 +213,8 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					}
 					continue
 				}
-				mine := pi != nil && pi.markUID(r.p.name) == ci.uid
-				if pi != nil && (pi.mark == "" || r.p.overruled(pi, ci)) && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid {
+				mine := pi != nil && pi.markUID(r.p.name) == ci.uid()
+				if pi != nil && (pi.mark == "" || r.p.overruled(pi, ci)) && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid() {
 					// Listed without a mark (a record from before pod
 					// marks) and held until it is marked and recycled:
 					// dropping it would free a pod of uncertain use.
@@ -222,7 +222,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 				}
 				if live, ok := w.marks[name]; ok {
 					h, _ := parseMark(r.p.name, live)
-					mine = h.UID == ci.uid
+					mine = h.UID == ci.uid()
 				}
 				if _, ok := gone[name]; !ok && pi != nil && mine && pi.settling() == nil {
 					allocated = append(allocated, name)
@@ -231,8 +231,8 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 		}
 	} else {
 		for _, pi := range r.p.held(ci) {
-			if _, ok := gone[pi.name]; !ok {
-				allocated = append(allocated, pi.name)
+			if _, ok := gone[pi.name()]; !ok {
+				allocated = append(allocated, pi.name())
 			}
 		}
 	}
@@ -368,8 +368,8 @@ func (r *round) do(w *write) {
 			w.err = fmt.Errorf("read claim: %w", err)
 			return
 		case live.GetResourceVersion() != w.ci.rv:
-			w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name.Name,
-				fmt.Errorf("claim %s changed since resourceVersion %s, which the allocator knows", w.ci.name, w.ci.rv))
+			w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name().Name,
+				fmt.Errorf("claim %s changed since resourceVersion %s, which the allocator knows", w.ci.name(), w.ci.rv))
 			return
 		}
 		base, own = live, true
@@ -420,8 +420,8 @@ func (r *round) do(w *write) {
 			held := baseRec.Held()
 			for _, name := range w.settled {
 				if slices.Contains(held, name) {
-					w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name.Name,
-						fmt.Errorf("claim %s holds pod %s again in a record newer than the one known", w.ci.name, name))
+					w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name().Name,
+						fmt.Errorf("claim %s holds pod %s again in a record newer than the one known", w.ci.name(), name))
 					return
 				}
 			}
@@ -439,7 +439,7 @@ func (r *round) do(w *write) {
 	obj, err := s.Write(r.ctx, base, rec, fin)
 	if err == nil && nilObject(obj) {
 		// What the write did is unknown: read back below.
-		err = fmt.Errorf("claim %s: write record: the syncer returned no claim (AllocationSyncer.Write must return the claim as stored)", w.ci.name)
+		err = fmt.Errorf("claim %s: write record: the syncer returned no claim (AllocationSyncer.Write must return the claim as stored)", w.ci.name())
 	}
 	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() &&
 		(obj.GetDeletionTimestamp() == nil || len(obj.GetFinalizers()) > 0) {
@@ -448,7 +448,7 @@ func (r *round) do(w *write) {
 		// that removed the last finalizer of a deleted claim let it go:
 		// the API server returns its last state at the version replaced.)
 		w.err = fmt.Errorf("claim %s: write record: the syncer returned the claim at resourceVersion %s, the one it replaced (AllocationSyncer.Write must make a new version)",
-			w.ci.name, base.GetResourceVersion())
+			w.ci.name(), base.GetResourceVersion())
 		return
 	}
 	if err == nil {
@@ -513,11 +513,11 @@ func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Re
 	var out map[string]string
 	for _, name := range baseRec.Held() {
 		pi := r.p.recordPod(ci, name)
-		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid || rvNum(pi.rv) >= baseRV {
+		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid() || rvNum(pi.rv) >= baseRV {
 			continue
 		}
 		var pod corev1.Pod
-		if err := r.a.cfg.podReader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: name}, &pod); err != nil || pod.UID != pi.uid {
+		if err := r.a.cfg.podReader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: name}, &pod); err != nil || pod.UID != pi.uid() {
 			continue
 		}
 		if out == nil {
@@ -535,9 +535,9 @@ func (r *round) live(ci *claimInfo, base client.Object) (client.Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	if obj.GetUID() != ci.uid {
+	if obj.GetUID() != ci.uid() {
 		gr := obj.GetObjectKind().GroupVersionKind().GroupKind()
-		return nil, apierrors.NewNotFound(schema.GroupResource{Group: gr.Group, Resource: gr.Kind}, ci.name.Name)
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: gr.Group, Resource: gr.Kind}, ci.name().Name)
 	}
 	return obj, nil
 }
@@ -602,7 +602,7 @@ func (r *round) apply(w *write) {
 			}
 			// The hand-out failed for certain: no record lists the pod,
 			// and none can while it carries the mark.
-			r.queueUnmark(p.pods[name], ci.uid, fenceGone)
+			r.queueUnmark(p.pods[name], ci.uid(), fenceGone)
 		}
 	}
 	switch {
@@ -611,22 +611,22 @@ func (r *round) apply(w *write) {
 		// Nothing durable is left to change: recycled pods are free; the
 		// rest are given back through recycling next round.
 		if len(w.done) > 0 {
-			if err := st.Free(p.name, ci.uid, w.done); err != nil {
+			if err := st.Free(p.name, ci.uid(), w.done); err != nil {
 				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 				return
 			}
 			for _, name := range w.done {
 				r.unhold(ci, p.pods[name], fenceGone)
 			}
-			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
 		for _, name := range w.settled {
 			pi := p.settling[name]
 			r.endSettle(pi)
-			r.queueUnmark(pi, ci.uid, fenceGone)
+			r.queueUnmark(pi, ci.uid(), fenceGone)
 		}
 		if len(w.settled) > 0 {
-			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.settled})
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.settled})
 		}
 		ci.listed = false
 	case w.err != nil:
@@ -674,8 +674,8 @@ func (r *round) apply(w *write) {
 					}
 					// Kept by a live read of its mark (staleMarks): held.
 					if pi := p.pods[name]; pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil {
-						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid {
-							pi.mark, pi.markOwn, pi.markRV = w.marks[name], false, max(pi.markRV, fence)
+						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid() {
+							pi.mark, pi.markOwn, pi.markRV = p.markString(w.marks[name]), false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {
 								continue
 							}
@@ -696,14 +696,14 @@ func (r *round) apply(w *write) {
 		for _, name := range w.settled {
 			pi := p.settling[name]
 			r.endSettle(pi)
-			r.queueUnmark(pi, ci.uid, fence)
+			r.queueUnmark(pi, ci.uid(), fence)
 		}
 		if len(w.settled) > 0 {
-			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.settled})
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.settled})
 		}
 		free := append(slices.Clone(w.done), w.drop...)
 		if len(free) > 0 {
-			if err := st.Free(p.name, ci.uid, free); err != nil {
+			if err := st.Free(p.name, ci.uid(), free); err != nil {
 				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 				return
 			}
@@ -712,7 +712,7 @@ func (r *round) apply(w *write) {
 			}
 		}
 		if len(w.done) > 0 {
-			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: w.done})
+			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
 		for _, name := range w.adopt {
 			pi := p.pods[name]
@@ -729,10 +729,10 @@ func (r *round) apply(w *write) {
 				r.hold(ci, name)
 			}
 			if len(w.add) > 0 {
-				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid, Claim: ci.name, Pods: slices.Clone(w.add)})
+				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: slices.Clone(w.add)})
 			}
 		}
-		r.a.setHolds(ci.uid, &p.name, p.nHeld(ci) > 0)
+		r.a.setHolds(ci.uid(), &p.name, p.nHeld(ci) > 0)
 		ci.setUntrusted(nil)
 		ci.rewrite = false
 		if w.obj != nil {
@@ -762,7 +762,7 @@ func (r *round) report() {
 		if ci == nil || ci == unknownHolder {
 			continue
 		}
-		res.Lost = append(res.Lost, LostPod{Claim: ci.name, UID: ci.uid, Pod: name, Missing: !pi.present})
+		res.Lost = append(res.Lost, LostPod{Claim: ci.name(), UID: ci.uid(), Pod: name, Missing: !pi.present})
 	}
 	slices.SortFunc(res.Lost, func(x, y LostPod) int { return strings.Compare(x.Pod, y.Pod) })
 }

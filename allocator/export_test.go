@@ -27,21 +27,21 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	var b strings.Builder
 	for _, name := range slices.Sorted(maps.Keys(p.pods)) {
 		pi := p.pods[name]
-		fmt.Fprintf(&b, "      pod %s %s@%s present=%v ready=%v mark=%q markRV=%d own=%v", name, pi.uid, pi.rv, pi.present, pi.ready, pi.mark, pi.markRV, pi.markOwn)
+		fmt.Fprintf(&b, "      pod %s %s@%s present=%v ready=%v mark=%q markRV=%d own=%v", name, pi.uid(), pi.rv, pi.present, pi.ready, pi.mark, pi.markRV, pi.markOwn)
 		if h := p.holderOf(pi); h != nil {
-			fmt.Fprintf(&b, " held-by=%s", h.name.Name)
+			fmt.Fprintf(&b, " held-by=%s", h.name().Name)
 		}
 		if ci := pi.reservedBy(); ci != nil {
-			fmt.Fprintf(&b, " reserved-for=%s", ci.name.Name)
+			fmt.Fprintf(&b, " reserved-for=%s", ci.name().Name)
 		}
 		if pi.settling() != nil {
-			fmt.Fprintf(&b, " settling-for=%s", pi.settling().name.Name)
+			fmt.Fprintf(&b, " settling-for=%s", pi.settling().name().Name)
 		}
 		if pi.recycling {
 			b.WriteString(" recycling")
 		}
 		if next := pi.nextPod(); next != nil {
-			fmt.Fprintf(&b, " next=%s@%s", next.uid, next.rv)
+			fmt.Fprintf(&b, " next=%s@%s", next.uid(), next.rv)
 		}
 		b.WriteString("\n")
 	}
@@ -50,10 +50,10 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	for _, ci := range cis {
 		var held []string
 		for _, pi := range p.held(ci) {
-			held = append(held, pi.name)
+			held = append(held, pi.name())
 		}
 		fmt.Fprintf(&b, "      claim %s listed=%v gone=%v want=%d recRV=%d held=%v strays=%v released=%v recycling=%d\n",
-			ci.name.Name, ci.listed, ci.isGone(), ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
+			ci.name().Name, ci.listed, ci.isGone(), ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
 	}
 	return b.String()
 }

@@ -103,7 +103,7 @@ func (r *round) queueUnmark(pi *podInfo, uid types.UID, fence uint64) {
 	if r.a.cfg.markKey == "" || pi == nil || pi.mark == "" || !pi.present {
 		return
 	}
-	r.p.unmark[pi.name] = unmarkEntry{uid: uid, fence: fence}
+	r.p.unmark[pi.name()] = unmarkEntry{uid: uid, fence: fence}
 }
 
 // marks reports whether pod marks are on.
@@ -120,10 +120,10 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 	ci.setReleased(rec.Released)
 	held := rec.Held()
 	for _, pi := range r.p.held(ci) {
-		if slices.Contains(held, pi.name) {
+		if slices.Contains(held, pi.name()) {
 			continue
 		}
-		if rv != 0 && pi.present && pi.markUID(r.p.name) == ci.uid && pi.markRV > rv {
+		if rv != 0 && pi.present && pi.markUID(r.p.name) == ci.uid() && pi.markRV > rv {
 			// The pod was marked for ci after this record version: a
 			// hand-out may be in flight, or a newer record lists it (a
 			// claim known so far only from marks, then listed from a
@@ -141,7 +141,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		// known) that a record version newer than its mark does not list
 		// held is not ci's: it is settled, no longer counted for ci.
 		for _, pi := range r.p.reserved {
-			if pi.reservedBy() == ci && pi.present && pi.markUID(r.p.name) == ci.uid && pi.markRV != 0 && pi.markRV < rv && !slices.Contains(held, pi.name) {
+			if pi.reservedBy() == ci && pi.present && pi.markUID(r.p.name) == ci.uid() && pi.markRV != 0 && pi.markRV < rv && !slices.Contains(held, pi.name()) {
 				r.startSettle(ci, pi)
 			}
 		}
@@ -183,7 +183,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		return false
 	}
 	switch h := pi.markUID(p.name); {
-	case h == ci.uid:
+	case h == ci.uid():
 		switch {
 		case p.holderOf(pi) == ci:
 			return true
@@ -233,7 +233,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		if !r.allocate(ci, name) {
 			return false
 		}
-		p.tomark[name] = ci.uid
+		p.tomark[name] = ci.uid()
 		if !r.a.cfg.markMigrate {
 			r.startRecycling(ci, pi)
 			r.warn(r.claimErr(ci, fmt.Errorf("%w: pod %s carries no mark: it is recycled before anyone gets it (WithPodMarkMigration believes such records)",
@@ -246,14 +246,14 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 // allocate records in the store and the pool that ci holds pod name.
 func (r *round) allocate(ci *claimInfo, name string) bool {
 	if pi := r.p.pods[name]; pi != nil {
-		name = pi.name // the pod's own string, not the record's copy
+		name = pi.name() // the pod's own string, not the record's copy
 	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
 		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 		return false
 	}
 	r.hold(ci, name)
-	r.a.setHolds(ci.uid, &r.p.name, true)
+	r.a.setHolds(ci.uid(), &r.p.name, true)
 	// It may now hold more than it wants: planned again.
 	r.p.dirty[ci] = struct{}{}
 	return true
@@ -262,12 +262,12 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 // drop ends ci's hold of pi without unmarking it: a newer record or mark
 // says ci does not hold it.
 func (r *round) drop(ci *claimInfo, pi *podInfo) {
-	if err := r.a.cfg.store.Free(r.p.name, ci.uid, []string{pi.name}); err != nil {
+	if err := r.a.cfg.store.Free(r.p.name, ci.uid(), []string{pi.name()}); err != nil {
 		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 		return
 	}
 	r.unhold(ci, pi, 0)
-	r.a.setHolds(ci.uid, &r.p.name, r.p.nHeld(ci) > 0)
+	r.a.setHolds(ci.uid(), &r.p.name, r.p.nHeld(ci) > 0)
 	r.p.dirty[ci] = struct{}{}
 }
 
@@ -276,7 +276,7 @@ func (r *round) drop(ci *claimInfo, pi *podInfo) {
 // then unmarked.
 func (r *round) toSettle(ci *claimInfo, pi *podInfo) {
 	recycled := pi.recycled
-	if !r.marks() || !pi.present || pi.markUID(r.p.name) != ci.uid {
+	if !r.marks() || !pi.present || pi.markUID(r.p.name) != ci.uid() {
 		// Gone, or not marked for ci: nothing of ci's to settle.
 		r.drop(ci, pi)
 		return
@@ -298,11 +298,11 @@ func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
 	}
 	if pi.reservedBy() != nil {
 		pi.reserve(nil, time.Time{})
-		delete(r.p.reserved, pi.name)
+		delete(r.p.reserved, pi.name())
 	}
 	pi.setSettle(ci)
 	pi.recycled = false
-	r.p.settling[pi.name] = pi
+	r.p.settling[pi.name()] = pi
 	r.p.dirty[ci] = struct{}{}
 	r.p.refreshFree(pi)
 }
@@ -313,8 +313,8 @@ func (r *round) endSettle(pi *podInfo) {
 	}
 	pi.setSettle(nil)
 	pi.recycled = false
-	if r.p.settling[pi.name] == pi {
-		delete(r.p.settling, pi.name)
+	if r.p.settling[pi.name()] == pi {
+		delete(r.p.settling, pi.name())
 	}
 	r.maybeForget(pi)
 }
@@ -358,7 +358,7 @@ func (r *round) removeStray(ci *claimInfo, name string) {
 // maybeForget drops the entry of a pod that is neither listed nor needed.
 func (r *round) maybeForget(pi *podInfo) {
 	p := r.p
-	if p.pods[pi.name] != pi {
+	if p.pods[pi.name()] != pi {
 		return
 	}
 	if pi.present || pi.reservedBy() != nil || pi.settling() != nil || pi.strays > 0 || p.holderOf(pi) != nil {
@@ -369,7 +369,7 @@ func (r *round) maybeForget(pi *podInfo) {
 		if p.tombs == nil {
 			p.tombs = make(map[string]podTomb)
 		}
-		p.tombs[pi.name] = podTomb{uid: pi.uid, rv: rv, until: r.now.Add(r.a.cfg.quarantine)}
+		p.tombs[pi.name()] = podTomb{uid: pi.uid(), rv: rv, until: r.now.Add(r.a.cfg.quarantine)}
 	}
 	p.dropPod(pi)
 }
@@ -385,7 +385,7 @@ func (r *round) pruneTombs() {
 
 // dropPod removes pi's entry; a newer pod waiting under the name takes it.
 func (p *pool) dropPod(pi *podInfo) {
-	if p.pods[pi.name] != pi {
+	if p.pods[pi.name()] != pi {
 		return
 	}
 	pi.present = false
@@ -395,14 +395,14 @@ func (p *pool) dropPod(pi *podInfo) {
 		pi.setNextPod(nil)
 		next.waiting = false
 		next.strays = pi.strays
-		p.pods[pi.name] = next
+		p.pods[next.name()] = next
 		p.refreshFree(next)
 		if next.mark != "" {
 			p.promoted = append(p.promoted, next)
 		}
 		return
 	}
-	delete(p.pods, pi.name)
+	delete(p.pods, pi.name())
 }
 
 // verifyLater asks for pi to be read live before ci's record is decided
@@ -422,32 +422,32 @@ func (r *round) verifyPods() {
 	}
 	verify := r.verify
 	r.verify = nil
-	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return strings.Compare(x.name, y.name) })
+	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return strings.Compare(x.name(), y.name()) })
 	names := make([]string, len(pis))
 	for i, pi := range pis {
-		names[i] = pi.name
+		names[i] = pi.name()
 	}
 	reads := r.readPods(names)
 	for i, pi := range pis {
 		rd := reads[i]
 		switch {
 		case apierrors.IsNotFound(rd.err):
-			r.podGone(pi.name, pi)
+			r.podGone(pi.name(), pi)
 		case rd.err != nil:
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name, ErrRead, rd.err))
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name(), ErrRead, rd.err))
 			continue
 		default:
 			r.observePod(&rd.pod)
 		}
 		for _, ci := range verify[pi] {
-			if !slices.Contains(ci.strays(), pi.name) || r.p.heldPod(ci, pi.name) != nil {
+			if !slices.Contains(ci.strays(), pi.name()) || r.p.heldPod(ci, pi.name()) != nil {
 				continue
 			}
-			if r.takeName(ci, pi.name, podRead) {
-				r.removeStray(ci, pi.name)
+			if r.takeName(ci, pi.name(), podRead) {
+				r.removeStray(ci, pi.name())
 			}
 		}
-		if now := r.p.pods[pi.name]; now != nil {
+		if now := r.p.pods[pi.name()]; now != nil {
 			r.resolveMark(now)
 		}
 	}
@@ -505,18 +505,19 @@ func (r *round) findPods() {
 			continue
 		}
 		for _, ci := range find[name] {
-			if ci.uid != h.UID || !slices.Contains(ci.strays(), name) || r.p.heldPod(ci, name) != nil {
+			if ci.uid() != h.UID || !slices.Contains(ci.strays(), name) || r.p.heldPod(ci, name) != nil {
 				continue
 			}
 			pi := r.p.pods[name]
-			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil || pi.uid != "" && pi.uid != pod.UID) {
+			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil || pi.uid() != "" && pi.uid() != pod.UID) {
 				continue // known here otherwise: left to the listing
 			}
 			pi = r.p.podOrNew(name)
 			// Its version too: a lagging listing showing an older one
 			// must not undo what the live read showed.
-			pi.uid, pi.rv = pod.UID, pod.ResourceVersion
-			pi.mark, pi.markOwn, pi.markRV = pod.Annotations[r.a.cfg.markKey], false, rvNum(pod.ResourceVersion)
+			pi.setUID(pod.UID)
+			pi.rv = pod.ResourceVersion
+			pi.mark, pi.markOwn, pi.markRV = r.p.markString(pod.Annotations[r.a.cfg.markKey]), false, rvNum(pod.ResourceVersion)
 			if r.allocate(ci, name) {
 				r.removeStray(ci, name)
 			}
@@ -528,7 +529,7 @@ func (r *round) findPods() {
 // does not hold the pod as far as the allocator knows.
 func (r *round) resolveMark(pi *podInfo) {
 	p := r.p
-	if !r.marks() || !pi.present || p.pods[pi.name] != pi {
+	if !r.marks() || !pi.present || p.pods[pi.name()] != pi {
 		return
 	}
 	if pi.mark == "" {
@@ -540,17 +541,17 @@ func (r *round) resolveMark(pi *podInfo) {
 		}
 		if ci := pi.reservedBy(); ci != nil {
 			pi.reserve(nil, time.Time{})
-			delete(p.reserved, pi.name)
+			delete(p.reserved, pi.name())
 			p.dirty[ci] = struct{}{}
 			p.refreshFree(pi)
 		}
-		if ci := p.holderOf(pi); ci != nil && ci != unknownHolder && p.tomark[pi.name] != ci.uid {
+		if ci := p.holderOf(pi); ci != nil && ci != unknownHolder && p.tomark[pi.name()] != ci.uid() {
 			// Another allocator may have settled the pod: recorded it
 			// released in a record newer than the one known here, then
 			// unmarked it. The claim is read live before anything is
 			// done: if its record still lists the pod, the mark was
 			// removed by hand and the pod is of uncertain use.
-			r.confirmLater(ci, pi.name)
+			r.confirmLater(ci, pi.name())
 		}
 		return
 	}
@@ -559,39 +560,40 @@ func (r *round) resolveMark(pi *podInfo) {
 		return // not a mark of ours: the pod stays out of the pool
 	}
 	if ci := p.holderOf(pi); ci != nil {
-		if ci.uid == h.UID || ci == unknownHolder || p.overruled(pi, ci) {
+		if ci.uid() == h.UID || ci == unknownHolder || p.overruled(pi, ci) {
 			return
 		}
 		// Marked for another claim: what we believed of ci is stale. Its
 		// record, as known, still lists the pod: a stray entry.
 		r.drop(ci, pi)
 		if ci.listed {
-			r.addStray(ci, pi.name)
+			r.addStray(ci, pi.name())
 		}
 	}
 	if pi.reservedBy() != nil {
-		if pi.reservedBy().uid == h.UID {
+		if pi.reservedBy().uid() == h.UID {
 			return
 		}
 		pi.reserve(nil, time.Time{})
-		delete(p.reserved, pi.name)
+		delete(p.reserved, pi.name())
 	}
 	if pi.settling() != nil {
-		if pi.settling().uid == h.UID {
+		if pi.settling().uid() == h.UID {
 			return
 		}
 		r.endSettle(pi)
 	}
-	if e, ok := p.unmark[pi.name]; ok && e.uid == h.UID {
+	if e, ok := p.unmark[pi.name()]; ok && e.uid == h.UID {
 		return
 	}
 	ci := p.claims[h.UID]
 	if ci == nil {
-		ci = &claimInfo{uid: h.UID, name: h.Claim, more: &claimMore{since: r.now}}
-		p.claims[h.UID] = ci
+		ci = &claimInfo{more: &claimMore{since: r.now}}
+		ci.setIdent(&p.name.Namespace, h.Claim.Name, h.UID) // parseMark: the pool's namespace
+		p.claims[ci.uid()] = ci
 		p.addClaim(ci)
 	}
-	if p.heldPod(ci, pi.name) != nil {
+	if p.heldPod(ci, pi.name()) != nil {
 		return
 	}
 	if !ci.listed && ci.recRV == 0 {
@@ -606,14 +608,14 @@ func (r *round) resolveMark(pi *podInfo) {
 			return
 		}
 		p.dirty[ci] = struct{}{}
-		r.allocate(ci, pi.name)
+		r.allocate(ci, pi.name())
 		return
 	}
-	if slices.Contains(ci.strays(), pi.name) && r.takeName(ci, pi.name, podRead) {
+	if slices.Contains(ci.strays(), pi.name()) && r.takeName(ci, pi.name(), podRead) {
 		// Its record lists the pod, which was not free when the record
 		// was taken in (settling for another claim, or an older pod under
 		// the name): now its mark says it is the claim's.
-		r.removeStray(ci, pi.name)
+		r.removeStray(ci, pi.name())
 		return
 	}
 	if ci.recRV != 0 && ci.recRV > pi.markRV {
@@ -658,8 +660,8 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 		}
 	}
 	var winner *claimInfo
-	for _, ci := range r.strayIdx[pi.name] {
-		if !ci.listed || ci.recRV <= pi.markRV || !slices.Contains(ci.strays(), pi.name) {
+	for _, ci := range r.strayIdx[pi.name()] {
+		if !ci.listed || ci.recRV <= pi.markRV || !slices.Contains(ci.strays(), pi.name()) {
 			continue
 		}
 		if winner != nil {
@@ -670,15 +672,15 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 	if winner == nil {
 		return false
 	}
-	r.removeStray(winner, pi.name)
-	if !r.allocate(winner, pi.name) {
+	r.removeStray(winner, pi.name())
+	if !r.allocate(winner, pi.name()) {
 		return false
 	}
-	r.p.tomark[pi.name] = winner.uid
+	r.p.tomark[pi.name()] = winner.uid()
 	if r.p.overrule == nil {
 		r.p.overrule = make(map[string]string)
 	}
-	r.p.overrule[pi.name] = pi.mark
+	r.p.overrule[pi.name()] = pi.mark
 	return true
 }
 
@@ -687,7 +689,7 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 func (r *round) reserveFor(ci *claimInfo, pi *podInfo) {
 	p := r.p
 	pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
-	p.reserved[pi.name] = pi
+	p.reserved[pi.name()] = pi
 	p.dirty[ci] = struct{}{}
 	p.refreshFree(pi)
 }
@@ -789,13 +791,42 @@ func (r *round) resolvePods() {
 	r.verifyPods()
 	r.findPods()
 	r.confirmClaims()
+	r.adoptIncarnations()
 	check := append(r.check, r.p.promoted...)
 	r.check, r.p.promoted = nil, nil
 	for _, pi := range check {
+		pi.mark = r.p.markString(pi.mark) // its claim may be in now
 		r.resolveMark(pi)
 	}
 	// resolveMark asks for claims to be read live too.
 	r.confirmClaims()
+}
+
+// adoptIncarnations moves a claim's holding from a pod that is gone to the
+// new pod under its name when the new pod's mark names the claim and the
+// claim's record that lists the name was written after that mark: the
+// record refers to the new pod (a record lists a pod only once its mark
+// names the claim). Without this the claim would lose a pod it holds:
+// the old pod is gone, and the new one would look marked for a claim that
+// does not hold it. Found by the many-allocator machine: a lagging
+// listing showed the old pod, the claim's record the new one.
+func (r *round) adoptIncarnations() {
+	p := r.p
+	for _, old := range r.incarnations {
+		next := old.nextPod()
+		if next == nil || !next.present || old.present || p.pods[old.name()] != old {
+			continue
+		}
+		ci := p.holderOf(old)
+		if ci == nil || ci == unknownHolder || old.recycling || old.reservedBy() != nil || old.settling() != nil {
+			continue
+		}
+		if next.markUID(p.name) != ci.uid() || next.markRV == 0 || next.markRV >= ci.recRV {
+			continue
+		}
+		p.dropPod(old) // next takes the entry, which the store says ci holds
+	}
+	r.incarnations = nil
 }
 
 // lostMark acts on a held pod whose mark is gone, once the claim was read
@@ -809,7 +840,7 @@ func (r *round) lostMark(ci *claimInfo, pi *podInfo, listed bool) {
 		r.drop(ci, pi)
 		return
 	}
-	r.p.tomark[pi.name] = ci.uid
+	r.p.tomark[pi.name()] = ci.uid()
 	if !r.a.cfg.markMigrate {
 		r.startRecycling(ci, pi)
 	}
@@ -833,9 +864,9 @@ func (p *pool) protoFor(ci *claimInfo) client.Object {
 	if !ok {
 		return nil
 	}
-	o.SetNamespace(ci.name.Namespace)
-	o.SetName(ci.name.Name)
-	o.SetUID(ci.uid)
+	o.SetNamespace(ci.name().Namespace)
+	o.SetName(ci.name().Name)
+	o.SetUID(ci.uid())
 	o.SetResourceVersion("")
 	return o
 }

@@ -60,19 +60,19 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	held := 0
 	strays := make(map[string]int)
 	for _, ci := range p.claims {
-		names, err := a.cfg.store.Held(p.name, ci.uid)
+		names, err := a.cfg.store.Held(p.name, ci.uid())
 		if err != nil {
-			bad("store: held of claim %s: %v", ci.name, err)
+			bad("store: held of claim %s: %v", ci.name(), err)
 		}
-		if n, err := a.cfg.store.Count(p.name, ci.uid); err != nil || n != len(names) {
-			bad("store: claim %s holds %d pods, Count says %d (%v)", ci.name, len(names), n, err)
+		if n, err := a.cfg.store.Count(p.name, ci.uid()); err != nil || n != len(names) {
+			bad("store: claim %s holds %d pods, Count says %d (%v)", ci.name(), len(names), n, err)
 		}
 		recycling := 0
 		for _, name := range names {
 			held++
 			pi := p.pods[name]
 			if pi == nil {
-				bad("pod %s held by claim %s in the store has no entry", name, ci.name)
+				bad("pod %s held by claim %s in the store has no entry", name, ci.name())
 				continue
 			}
 			if pi.recycling {
@@ -80,21 +80,21 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			}
 		}
 		if int32(recycling) != ci.recycling {
-			bad("claim %s counts %d pods recycling, %d are", ci.name, ci.recycling, recycling)
+			bad("claim %s counts %d pods recycling, %d are", ci.name(), ci.recycling, recycling)
 		}
 		for _, name := range ci.strays() {
 			strays[name]++
 		}
 		if ci.listed && !ci.since().IsZero() {
-			bad("claim %s is listed and missing since %v", ci.name, ci.since())
+			bad("claim %s is listed and missing since %v", ci.name(), ci.since())
 		}
 		switch ci.ver.(type) {
 		case nil, *claimMeta, client.Object, settledVer:
 		default:
-			bad("claim %s keeps a version of type %T", ci.name, ci.ver)
+			bad("claim %s keeps a version of type %T", ci.name(), ci.ver)
 		}
 		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].v != ci {
-			bad("claim %s is not at its place %d in claimSeen", ci.name, ci.idx)
+			bad("claim %s is not at its place %d in claimSeen", ci.name(), ci.idx)
 		}
 	}
 	snap, err := a.cfg.store.Snapshot(p.name)
@@ -109,8 +109,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 	}
 	for name, pi := range p.pods {
-		if pi.name != name {
-			bad("entry %s is for pod %s", name, pi.name)
+		if pi.name() != name {
+			bad("entry %s is for pod %s", name, pi.name())
 		}
 		if (pi.freeIdx >= 0) != p.candidate(pi) {
 			bad("pod %s: in the free list %t, candidate %t", name, pi.freeIdx >= 0, p.candidate(pi))
@@ -149,7 +149,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("pod %s counts %d stray entries, records have %d", name, pi.strays, strays[name])
 		}
 		next := pi.nextPod()
-		if next != nil && next.uid == pi.uid {
+		if next != nil && next.uid() == pi.uid() {
 			bad("pod %s waits for itself", name)
 		}
 		if pi.waiting || next != nil && !next.waiting {
@@ -157,7 +157,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 		for _, e := range []*podInfo{pi, next} {
 			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].v != e) {
-				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid, e.idx)
+				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid(), e.idx)
 			}
 		}
 	}
@@ -178,10 +178,10 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	starting := 0
 	for i, s := range p.podSeen {
 		if int(s.v.idx) != i {
-			bad("podSeen[%d] %s has index %d", i, s.v.name, s.v.idx)
+			bad("podSeen[%d] %s has index %d", i, s.v.name(), s.v.idx)
 		}
 		if want := p.isStarting(s.v, p.holderOf(s.v)); s.v.starting != want {
-			bad("pod %s (uid %s): starting %t, should be %t", s.v.name, s.v.uid, s.v.starting, want)
+			bad("pod %s (uid %s): starting %t, should be %t", s.v.name(), s.v.uid(), s.v.starting, want)
 		}
 		if s.v.starting {
 			starting++

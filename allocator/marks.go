@@ -20,7 +20,17 @@ import (
 // removed after the pod's release is recorded. A marked pod is never a
 // candidate.
 
-func markValue(h store.Holder) string { return h.Claim.Name + "/" + string(h.UID) }
+// markString returns v, a pod's mark, as the key of the claim it names when
+// the pool knows that claim: one string for the claim and its pods' marks,
+// not one per pod kept from the listing.
+func (p *pool) markString(v string) string {
+	if h, ok := parseMark(p.name, v); ok {
+		if ci := p.claims[h.UID]; ci != nil && ci.key == v {
+			return ci.key
+		}
+	}
+	return v
+}
 
 // parseMark returns the holder a mark names; ok is false for a value that
 // is not a mark.
@@ -84,45 +94,45 @@ func (r *round) markHeld() {
 	for name, uid := range r.p.tomark {
 		pi := r.p.pods[name]
 		holder := r.p.holderOf(pi)
-		if pi == nil || !pi.present || holder == nil || holder.uid != uid || pi.mark != "" && !r.p.overruled(pi, holder) {
+		if pi == nil || !pi.present || holder == nil || holder.uid() != uid || pi.mark != "" && !r.p.overruled(pi, holder) {
 			delete(r.p.tomark, name)
 			delete(r.p.overrule, name)
 			continue
 		}
-		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: markValue(holder.holder())})
+		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: holder.key})
 	}
-	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name, y.pi.name) })
+	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name, j.pi.rv, j.value)
+		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, j.value)
 	})
 	for _, j := range jobs {
 		pi := j.pi
-		delete(r.p.tomark, pi.name)
-		old, overruling := r.p.overrule[pi.name]
-		delete(r.p.overrule, pi.name)
+		delete(r.p.tomark, pi.name())
+		old, overruling := r.p.overrule[pi.name()]
+		delete(r.p.overrule, pi.name())
 		if j.err == nil {
 			r.marked(pi, j.rv, j.mark)
 			continue
 		}
-		r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
+		r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
 		if definite(j.err) && !apierrors.IsNotFound(j.err) {
 			// Not marked (the pod changed since it was listed, say): the
 			// claim keeps it, of uncertain use as before, and the mark is
 			// tried again on the next round's view of the pod.
-			r.p.tomark[pi.name] = j.ci.uid
+			r.p.tomark[pi.name()] = j.ci.uid()
 			if overruling {
-				r.p.overrule[pi.name] = old
+				r.p.overrule[pi.name()] = old
 			}
 			continue
 		}
 		r.drop(j.ci, pi)
-		r.addStray(j.ci, pi.name)
+		r.addStray(j.ci, pi.name())
 		if !definite(j.err) {
 			// Maybe marked: if so, it is settled for the claim once a
 			// listing shows the mark.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
-			r.queueUnmark(pi, j.ci.uid, fenceGone)
+			r.queueUnmark(pi, j.ci.uid(), fenceGone)
 			r.p.refreshFree(pi)
 		}
 	}
@@ -131,7 +141,7 @@ func (r *round) markHeld() {
 // marked records that the allocator wrote pi's mark at resourceVersion rv.
 func (r *round) marked(pi *podInfo, rv, mark string) {
 	pi.stalePodRV(pi.rv)
-	pi.rv, pi.mark = rv, mark
+	pi.rv, pi.mark = rv, r.p.markString(mark)
 	pi.markOwn, pi.markRV = mark != "", 0
 	if mark != "" {
 		pi.markRV = rvNum(rv)
@@ -148,18 +158,18 @@ func (r *round) markPods(writes []*write) {
 	var jobs []*markJob
 	for _, w := range writes {
 		for _, name := range w.add {
-			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods[name], value: markValue(w.ci.holder())})
+			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods[name], value: w.ci.key})
 		}
 	}
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name, j.pi.rv, j.value)
+		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, j.value)
 	})
 	for _, j := range jobs {
 		pi := j.pi
 		if j.err == nil {
 			r.marked(pi, j.rv, j.mark)
-			j.w.marked = append(j.w.marked, pi.name)
+			j.w.marked = append(j.w.marked, pi.name())
 			continue
 		}
 		if !definite(j.err) {
@@ -167,11 +177,11 @@ func (r *round) markPods(writes []*write) {
 			// the unmark below says otherwise. No record lists it, and
 			// none can while it is marked for the claim.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
-			r.queueUnmark(pi, j.ci.uid, fenceGone)
+			r.queueUnmark(pi, j.ci.uid(), fenceGone)
 			r.p.refreshFree(pi)
 		}
-		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name })
-		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name, j.err)))
+		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name() })
+		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
 	}
 }
 
@@ -202,26 +212,26 @@ func (r *round) unmarkPods() {
 		}
 		jobs = append(jobs, &markJob{pi: pi, value: pi.mark})
 	}
-	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name, y.pi.name) })
+	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name, j.pi.rv, "")
+		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, "")
 	})
 	for _, j := range jobs {
 		pi := j.pi
 		switch {
 		case j.err == nil:
 			r.marked(pi, j.rv, j.mark)
-			delete(r.p.unmark, pi.name)
+			delete(r.p.unmark, pi.name())
 		case apierrors.IsNotFound(j.err):
-			delete(r.p.unmark, pi.name)
+			delete(r.p.unmark, pi.name())
 		case apierrors.IsConflict(j.err):
 			// The pod changed meanwhile: retried next round, on the pod as
 			// the next listing shows it. Nothing went wrong.
-			r.warn(fmt.Errorf("pool %s: pod %s: %w: unmark retried next round: %w", r.p.name, pi.name, ErrWrite, j.err))
+			r.warn(fmt.Errorf("pool %s: pod %s: %w: unmark retried next round: %w", r.p.name, pi.name(), ErrWrite, j.err))
 		default:
 			// Retried next round too, but the API server refused it.
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: unmark: %w", r.p.name, pi.name, ErrWrite, j.err))
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: unmark: %w", r.p.name, pi.name(), ErrWrite, j.err))
 		}
 	}
 	for _, pi := range again {

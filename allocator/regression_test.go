@@ -1466,3 +1466,65 @@ func TestTerminatingPodNeverHandedOutWhateverTheReadinessRule(t *testing.T) {
 	require.Equal(t, 1, res.Shortfall)
 	require.Empty(t, res.Idle)
 }
+
+// An allocator whose pod listing lags shows the old pod under a name, while
+// the claim's newer record lists the name for the pod created under it
+// since, which another allocator marked for the claim and handed to it. The
+// claim keeps that pod: the live read that checks the record finds the new
+// pod marked for the claim, before the record was written. With
+// WithPodMarkMigration, which believed the record over the old pod's mark
+// for a claim that is gone, it used to drop the name from the record as
+// the old pod's (the many-allocator machine, I7).
+func TestRegressionRecordOfNewPodUnderNameSurvivesLaggingListing(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 1, 1)
+	// The old p-0 was marked for a claim since gone.
+	var p0 corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-0"}, &p0))
+	p0.Annotations = map[string]string{allocator.DefaultPodMarkKey: "gone/uid-gone"}
+	require.NoError(t, c.Update(ctx, &p0))
+	stale, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	// p-0 is recreated; another allocator hands the new one to c.
+	var old corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-0"}, &old))
+	old.UID = "uid-p-0-old" // the fake client assigns none
+	require.NoError(t, c.Delete(ctx, &old))
+	stale.Pods[0].UID = old.UID
+	fresh := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p-0", Labels: old.Labels, UID: "uid-p-0-new"}, Spec: old.Spec}
+	require.NoError(t, c.Create(ctx, fresh))
+	require.NoError(t, testenv.SetPodReady(ctx, c, fresh, true))
+	other, err := allocator.New(c)
+	require.NoError(t, err)
+	firstRound(t, other, c, pool)
+	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held())
+
+	// This allocator starts on the stale pods and the current claims. With
+	// migration it believes c's record, newer than the old pod's mark for
+	// a claim that holds nothing.
+	a, err := allocator.New(c, allocator.WithPodMarkMigration(true))
+	require.NoError(t, err)
+	now, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	in := now
+	in.Pods = stale.Pods
+	_, err = a.Round(ctx, in)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held(), "c keeps the new p-0")
+	held, err := a.Store().Held(pool, cl.UID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p-0"}, held)
+	require.NoError(t, allocator.CheckInvariants(a))
+
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Released)
+	require.Empty(t, res.Recycling)
+	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held())
+	var got corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-0"}, &got))
+	require.Equal(t, fresh.UID, got.UID)
+	require.Equal(t, "c/uid-c", got.Annotations[allocator.DefaultPodMarkKey])
+	require.NoError(t, allocator.CheckInvariants(a))
+}

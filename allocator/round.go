@@ -56,6 +56,9 @@ type round struct {
 	// check holds pods whose mark changed in this round's input (pod
 	// marks): resolveMark looks at them once the claims are in.
 	check []*podInfo
+	// incarnations are the entries that got a newer pod waiting under
+	// their name this round (see adoptIncarnations).
+	incarnations []*podInfo
 	// verify holds pods to read live before the records naming them are
 	// decided on, with those claims.
 	verify map[*podInfo][]*claimInfo
@@ -166,12 +169,12 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 	}
 	var gone []*podInfo
 	for _, s := range p.podSeen {
-		if s.seen != p.gen && p.pods[s.v.name] == s.v {
+		if s.seen != p.gen && p.pods[s.v.name()] == s.v {
 			gone = append(gone, s.v)
 		}
 	}
 	for _, pi := range gone {
-		r.podGone(pi.name, pi)
+		r.podGone(pi.name(), pi)
 	}
 	if !p.recovered {
 		if err := r.recover(in.Claims); err != nil {
@@ -296,8 +299,8 @@ func (r *round) settle() {
 			if p.nHeld(ci) == 0 && !r.hasReservations(ci) {
 				delete(p.dirty, ci)
 				r.setStrays(ci, nil)
-				if p.claims[ci.uid] == ci {
-					delete(p.claims, ci.uid)
+				if p.claims[ci.uid()] == ci {
+					delete(p.claims, ci.uid())
 					p.removeClaim(ci)
 					p.forget(ci)
 				}
@@ -343,7 +346,7 @@ func (r *round) settled(ci *claimInfo) bool {
 	}
 	if r.a.cfg.replaceLost {
 		for _, pi := range r.p.held(ci) {
-			if _, lost := r.p.lost[pi.name]; lost {
+			if _, lost := r.p.lost[pi.name()]; lost {
 				return false
 			}
 		}
@@ -477,7 +480,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 					st = p.podSeen.at(pi)
 				}
 			} else if h.try(len(p.podSeen)) {
-				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name == hd.name {
+				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name() == hd.name {
 					pi, st = s.v, s // the entry of pods under that name
 				}
 				h.count(pi != nil)
@@ -508,7 +511,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			st.seen = p.gen
 			h.next = int(pi.idx) + 1
-			if (pi.uid != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
+			if (pi.uid() != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
 				// Changed: checked whole. (A version taken in before was
 				// checked then: its namespace cannot have changed.)
 				if !checked && hd.ns != p.name.Namespace {
@@ -551,7 +554,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 					st = p.claimSeen.at(ci)
 				}
 			} else if h.try(len(p.claimSeen)) {
-				if s := &p.claimSeen[h.next]; s.v.uid == hd.uid {
+				if s := &p.claimSeen[h.next]; s.v.uid() == hd.uid {
 					ci, st = s.v, s // the entry of claims under uid
 				}
 				h.count(ci != nil)
@@ -682,11 +685,11 @@ func (r *round) observePod(pod *corev1.Pod) {
 			}
 			delete(p.tombs, pod.Name)
 		}
-		pi = &podInfo{name: pod.Name, uid: pod.UID, freeIdx: -1}
-		p.pods[pod.Name] = pi
+		pi = newPodInfo(pod.Name, pod.UID)
+		p.pods[pi.name()] = pi
 		p.addPod(pi)
-	} else if pi.uid != pod.UID && pod.UID != "" {
-		if next := pi.nextPod(); (next == nil || next.uid != pod.UID) && olderPod(pod, pi) {
+	} else if pi.uid() != pod.UID && pod.UID != "" {
+		if next := pi.nextPod(); (next == nil || next.uid() != pod.UID) && olderPod(pod, pi) {
 			// A pod that had the name before the one known: every
 			// version of it is older than the pod created after it was
 			// deleted. A lagging listing shows it; what is known stays.
@@ -714,7 +717,7 @@ func (r *round) observePod(pod *corev1.Pod) {
 			// meanwhile: its claim may have gone), is looked at once
 			// the claims are in.
 			if mark != pi.mark {
-				pi.mark, pi.markOwn, pi.markRV = mark, false, 0
+				pi.mark, pi.markOwn, pi.markRV = r.p.markString(mark), false, 0
 			} else {
 				pi.markOwn = false
 			}
@@ -755,13 +758,13 @@ func (r *round) findListed(jobs []recycleJob) {
 			if want == nil {
 				want = make(map[string]*podInfo)
 			}
-			want[j.pi.name] = j.pi
+			want[j.pi.name()] = j.pi
 		}
 	}
 	for i := 0; i < len(r.input) && len(want) > 0; i++ {
 		if pi := want[r.input[i].Name]; pi != nil {
 			r.noteListed(pi, &r.input[i])
-			delete(want, pi.name)
+			delete(want, pi.name())
 		}
 	}
 }
@@ -795,11 +798,12 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 	}
 	p.seePod(old)
 	if p.holderOf(old) == nil && old.reservedBy() == nil && old.settling() == nil {
-		pi := &podInfo{name: old.name, uid: uid, freeIdx: -1, strays: old.strays}
+		pi := newPodInfo(old.name(), uid)
+		pi.strays = old.strays
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
 		}
-		p.pods[old.name] = pi
+		p.pods[pi.name()] = pi
 		p.addPod(pi)
 		p.removePod(old)
 		if next := old.nextPod(); next != nil {
@@ -807,12 +811,15 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		}
 		return pi
 	}
-	if next := old.nextPod(); next == nil || next.uid != uid {
+	if next := old.nextPod(); next == nil || next.uid() != uid {
 		if next != nil {
 			p.removePod(next)
 		}
-		old.setNextPod(&podInfo{name: old.name, uid: uid, freeIdx: -1, waiting: true})
+		next := newPodInfo(old.name(), uid)
+		next.waiting = true
+		old.setNextPod(next)
 		p.addPod(old.nextPod())
+		r.incarnations = append(r.incarnations, old)
 	}
 	return old.nextPod()
 }
@@ -860,7 +867,7 @@ func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error
 		rec.Release = nil
 		return rec, nil
 	}
-	return rec, r.blocked(ci.uid, ci.name, err)
+	return rec, r.blocked(ci.uid(), ci.name(), err)
 }
 
 // recover rebuilds the pool's allocations from the claims' records. It
@@ -880,8 +887,8 @@ func (r *round) recover(claims []Claim) error {
 		if !r.marks() {
 			for _, pod := range held {
 				if other, dup := owner[pod]; dup {
-					return r.blocked(ci.uid, ci.name, fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
-						syncer.ErrMalformedRecord, pod, other.name, other.uid))
+					return r.blocked(ci.uid(), ci.name(), fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
+						syncer.ErrMalformedRecord, pod, other.name(), other.uid()))
 				}
 				owner[pod] = ci
 			}
@@ -911,7 +918,7 @@ func (r *round) recover(claims []Claim) error {
 	clear(p.claimSeen)
 	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
 	for _, f := range all {
-		p.claims[f.ci.uid] = f.ci
+		p.claims[f.ci.uid()] = f.ci
 		p.addClaim(f.ci)
 		p.dirty[f.ci] = struct{}{}
 		p.seeClaim(f.ci)
@@ -922,6 +929,7 @@ func (r *round) recover(claims []Claim) error {
 			r.takeIn(f.ci, f.rec, rvNum(f.ci.objRV()))
 		}
 		for _, pi := range p.pods {
+			pi.mark = p.markString(pi.mark) // the claims are in now
 			r.resolveMark(pi)
 		}
 		r.check = r.check[:0]
@@ -931,13 +939,13 @@ func (r *round) recover(claims []Claim) error {
 	// Pods a moved claim holds in a pool that already recovered stay there.
 	for i := range all {
 		f := &all[i]
-		other, ok := a.heldElsewhere(f.ci.uid, p.name)
+		other, ok := a.heldElsewhere(f.ci.uid(), p.name)
 		if !ok {
 			continue
 		}
 		f.held = slices.DeleteFunc(f.held, func(pod string) bool {
 			h, held, err := a.cfg.store.HolderOf(other, pod)
-			return err == nil && held && h.UID == f.ci.uid
+			return err == nil && held && h.UID == f.ci.uid()
 		})
 	}
 	for _, f := range all {
@@ -946,16 +954,16 @@ func (r *round) recover(claims []Claim) error {
 		}
 		for i, name := range f.held {
 			if pi := p.pods[name]; pi != nil {
-				f.held[i] = pi.name // the pod's own string, not the record's copy
+				f.held[i] = pi.name() // the pod's own string, not the record's copy
 			}
 		}
 		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
-			return fmt.Errorf("pool %s: claim %s: recover: %w", p.name, f.ci.name, storeErr(err))
+			return fmt.Errorf("pool %s: claim %s: recover: %w", p.name, f.ci.name(), storeErr(err))
 		}
 		for _, pod := range f.held {
 			r.hold(f.ci, pod)
 		}
-		a.setHolds(f.ci.uid, &p.name, true)
+		a.setHolds(f.ci.uid(), &p.name, true)
 	}
 	p.recovered = true
 	return nil
@@ -965,13 +973,12 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 	o := c.Object
 	// The claim's namespace is the pool's (checked): one string for all.
 	ci := &claimInfo{
-		uid:         o.GetUID(),
-		name:        types.NamespacedName{Namespace: r.p.name.Namespace, Name: o.GetName()},
 		want:        int32(c.Want),
 		priority:    c.Priority,
 		created:     unixNanos(o.GetCreationTimestamp().Time),
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
+	ci.setIdent(&r.p.name.Namespace, o.GetName(), o.GetUID())
 	r.p.setObj(ci, o, r.a.cfg)
 	ci.addRV(o.GetResourceVersion())
 	return ci
@@ -982,8 +989,8 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 func (p *pool) podOrNew(name string) *podInfo {
 	pi := p.pods[name]
 	if pi == nil {
-		pi = &podInfo{name: name, freeIdx: -1}
-		p.pods[name] = pi
+		pi = newPodInfo(name, "")
+		p.pods[pi.name()] = pi
 		p.addPod(pi)
 	}
 	return pi
@@ -1012,14 +1019,14 @@ func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
 		return
 	}
 	if fence != 0 {
-		r.queueUnmark(pi, ci.uid, fence)
+		r.queueUnmark(pi, ci.uid(), fence)
 	}
 	if pi.recycling {
 		pi.recycling, pi.recycled = false, false
 		ci.recycling--
-		delete(r.p.recycling, pi.name)
+		delete(r.p.recycling, pi.name())
 	}
-	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid {
+	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid() {
 		// Marked for another claim, whose record may list it: that
 		// claim may take it now.
 		r.resolveMark(pi)
@@ -1049,7 +1056,7 @@ func (r *round) observeClaim(c Claim) error {
 		}
 		ci.setRelease(rec.Release)
 		ci.setReleased(rec.Released)
-		p.claims[uid] = ci
+		p.claims[ci.uid()] = ci
 		p.addClaim(ci)
 		p.dirty[ci] = struct{}{}
 		ci.listed = true
@@ -1130,8 +1137,8 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy() == ci {
 			continue // settled by settleReservations
 		}
-		if other, ok := r.a.heldElsewhere(ci.uid, r.p.name); ok {
-			if h, held, err := r.a.cfg.store.HolderOf(other, pod); err == nil && held && h.UID == ci.uid {
+		if other, ok := r.a.heldElsewhere(ci.uid(), r.p.name); ok {
+			if h, held, err := r.a.cfg.store.HolderOf(other, pod); err == nil && held && h.UID == ci.uid() {
 				continue
 			}
 		}
@@ -1143,7 +1150,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 		return
 	}
 	ci.rewrite = true
-	untrusted := &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid,
+	untrusted := &ClaimError{Pool: r.p.name, Claim: ci.name(), UID: ci.uid(),
 		Err: fmt.Errorf("%w: lists %v it does not hold, misses %d it holds", ErrUntrustedRecord, extra, missing)}
 	ci.setUntrusted(untrusted)
 	r.warn(untrusted)
@@ -1184,7 +1191,7 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 		if pi != nil && !pi.present {
 			pi = pi.nextPod()
 		}
-		if pi != nil && pi.present && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid && r.p.holderOf(pi) != ci {
+		if pi != nil && pi.present && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid() && r.p.holderOf(pi) != ci {
 			n++
 		}
 	}
@@ -1222,7 +1229,7 @@ func (r *round) settleReservations() {
 		var due []*podInfo
 		for _, pi := range pods {
 			switch {
-			case slices.Contains(held, pi.name) && (!r.marks() || pi.markUID(r.p.name) == ci.uid):
+			case slices.Contains(held, pi.name()) && (!r.marks() || pi.markUID(r.p.name) == ci.uid()):
 				landed = append(landed, pi)
 			case !r.now.Before(pi.reservedUntil()):
 				due = append(due, pi)
@@ -1249,7 +1256,7 @@ func (r *round) settleReservations() {
 			default:
 				rec, err := r.a.cfg.syncer.Read(live)
 				for _, pi := range due {
-					if err == nil && slices.Contains(rec.Held(), pi.name) {
+					if err == nil && slices.Contains(rec.Held(), pi.name()) {
 						landed = append(landed, pi)
 					} else {
 						failed = append(failed, pi)
@@ -1272,9 +1279,9 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	}
 	names := make([]string, len(pods))
 	for i, pi := range pods {
-		names[i] = pi.name
+		names[i] = pi.name()
 		pi.reserve(nil, time.Time{})
-		delete(r.p.reserved, pi.name)
+		delete(r.p.reserved, pi.name())
 	}
 	r.p.dirty[ci] = struct{}{}
 	if landed {
@@ -1288,11 +1295,11 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 		for _, n := range names {
 			r.hold(ci, n)
 		}
-		r.a.setHolds(ci.uid, &r.p.name, true)
+		r.a.setHolds(ci.uid(), &r.p.name, true)
 		return
 	}
 	for _, pi := range pods {
-		if r.marks() && pi.mark != "" && pi.markUID(r.p.name) == ci.uid {
+		if r.marks() && pi.mark != "" && pi.markUID(r.p.name) == ci.uid() {
 			r.startSettle(ci, pi)
 			continue
 		}
@@ -1317,7 +1324,7 @@ func (c *claimInfo) setRelease(release []string) {
 }
 
 func (r *round) claimErr(ci *claimInfo, err error) error {
-	return &ClaimError{Pool: r.p.name, Claim: ci.name, UID: ci.uid, Err: err}
+	return &ClaimError{Pool: r.p.name, Claim: ci.name(), UID: ci.uid(), Err: err}
 }
 
 // warn reports what the round found wrong and dealt with itself
@@ -1356,7 +1363,7 @@ func (r *round) plan() (algorithm.Action, error) {
 			held = p.held(ci)
 		}
 		if n == 0 {
-			if _, moving := r.a.heldElsewhere(ci.uid, p.name); moving {
+			if _, moving := r.a.heldElsewhere(ci.uid(), p.name); moving {
 				r.shortfall += want
 				continue
 			}
@@ -1364,7 +1371,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		var lost int
 		if replace {
 			for _, pi := range held {
-				if _, ok := p.lost[pi.name]; ok && !r.alive[pi] {
+				if _, ok := p.lost[pi.name()]; ok && !r.alive[pi] {
 					lost++
 				}
 			}
@@ -1385,8 +1392,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			if keep-want-len(release) <= 0 {
 				break
 			}
-			if !replace && !pi.present && !pi.recycling && !slices.Contains(release, pi.name) {
-				release = append(release, pi.name)
+			if !replace && !pi.present && !pi.recycling && !slices.Contains(release, pi.name()) {
+				release = append(release, pi.name())
 			}
 		}
 		if r.a.cfg.openSandbox {
@@ -1399,9 +1406,9 @@ func (r *round) plan() (algorithm.Action, error) {
 		if held == nil && n > 0 {
 			held = p.held(ci)
 		}
-		req := algorithm.Request{UID: ci.uid, Claim: ci.name, Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival)}
+		req := algorithm.Request{UID: ci.uid(), Claim: ci.name(), Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival)}
 		for _, pi := range held {
-			name := pi.name
+			name := pi.name()
 			if pi.recycling {
 				continue
 			}
@@ -1546,18 +1553,18 @@ func (r *round) checkLost() {
 	if len(absent) == 0 {
 		return
 	}
-	slices.SortFunc(absent, func(x, y *podInfo) int { return strings.Compare(x.name, y.name) })
+	slices.SortFunc(absent, func(x, y *podInfo) int { return strings.Compare(x.name(), y.name()) })
 	names := make([]string, len(absent))
 	for i, pi := range absent {
-		names[i] = pi.name
+		names[i] = pi.name()
 	}
 	for i, rd := range r.readPods(names) {
 		pi := absent[i]
 		switch {
-		case apierrors.IsNotFound(rd.err), rd.err == nil && pi.uid != "" && rd.pod.UID != pi.uid:
+		case apierrors.IsNotFound(rd.err), rd.err == nil && pi.uid() != "" && rd.pod.UID != pi.uid():
 			// Gone: replaced, and dropped from the record.
 		case rd.err != nil:
-			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name, ErrRead, rd.err))
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name(), ErrRead, rd.err))
 			fallthrough
 		default:
 			if r.alive == nil {
@@ -1605,7 +1612,7 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 		}
 		for _, pod := range g.Pods {
 			if pi := r.p.heldPod(ci, pod); pi == nil || pi.recycling {
-				return fmt.Errorf("claim %s: released pod %s is not held", ci.name, pod)
+				return fmt.Errorf("claim %s: released pod %s is not held", ci.name(), pod)
 			}
 			if _, dup := taken[pod]; dup {
 				return fmt.Errorf("pod %s released twice", pod)
@@ -1622,7 +1629,7 @@ func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
 	}
 	pi.recycling = true
 	ci.recycling++
-	r.p.recycling[pi.name] = pi
+	r.p.recycling[pi.name()] = pi
 	r.p.refreshFree(pi)
 }
 
@@ -1709,8 +1716,8 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		}
 		switch {
 		case !pi.present || pi.recycled:
-			out[ci] = append(out[ci], pi.name)
-		case r.marks() && pi.markUID(r.p.name) != ci.uid:
+			out[ci] = append(out[ci], pi.name())
+		case r.marks() && pi.markUID(r.p.name) != ci.uid():
 			// Not marked for ci (yet): not ours to recycle.
 		default:
 			jobs = append(jobs, job{ci, pi, settle})
@@ -1730,29 +1737,29 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	for _, pods := range settled {
 		slices.Sort(pods)
 	}
-	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name, y.pi.name) })
+	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.findListed(jobs)
 	results := make([]error, len(jobs))
 	finished := make([]bool, len(jobs))
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name, UID: j.pi.uid, ResourceVersion: j.pi.rv, Claim: j.ci.holder()}
-		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid || o.UID == "") {
+		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name(), UID: j.pi.uid(), ResourceVersion: j.pi.rv, Claim: j.ci.holder()}
+		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid() || o.UID == "") {
 			req.Object = o
 		}
 		finished[i], results[i] = r.a.cfg.recycle(r.ctx, req)
 	})
 	for i, j := range jobs {
 		if results[i] != nil {
-			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name, results[i])))
+			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name(), results[i])))
 			continue
 		}
 		if finished[i] {
 			j.pi.recycled = true
 			if j.settle {
-				settled[j.ci] = append(settled[j.ci], j.pi.name)
+				settled[j.ci] = append(settled[j.ci], j.pi.name())
 			} else {
-				done[j.ci] = append(done[j.ci], j.pi.name)
+				done[j.ci] = append(done[j.ci], j.pi.name())
 			}
 		}
 	}
