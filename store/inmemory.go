@@ -15,14 +15,16 @@ import (
 // each other; the pool table has a lock of its own that is held only long
 // enough to look a pool up (or, on a pool's first Allocate, to add it).
 //
-// Allocate, Free (amortized) and HolderOf cost time proportional to the
-// pods in the call, not to the pool; Count costs constant time and
+// Allocate and HolderOf cost time proportional to the pods in the call,
+// not to the pool, and Free to the pods in the call and those its claim
+// holds (a few pods are each found by a scan of the claim's pods, more in
+// one pass over them); Count costs constant time and
 // allocates nothing; Held sorts only the claim's pods. Snapshot, Holders
 // and Pools copy what they return and cost time proportional to the pool
 // (Pools: to the number of pools).
 //
 // A pool's index records each claim's Holder once, and per held pod only a
-// pointer to it and the pod's place in the claim's list: about 170 bytes of
+// pointer to it and the pod's name in the claim's list: about 150 bytes of
 // heap per held pod with 50,000 pods held by 40,000 claims, names not
 // counted (BenchmarkHeapPerPod).
 //
@@ -72,25 +74,17 @@ type poolIndex struct {
 	// writing to a dead index.
 	dead bool
 
-	// pods is guarded by mu: pod name → the claim holding it and the
-	// pod's position in that claim's pods. A pod that no claim holds has
-	// no entry. For every entry e of pod, e.claim.pods[e.at] == pod and
-	// e.claim is claims[e.claim.holder.UID].
-	pods map[string]podEntry
+	// pods is guarded by mu: pod name → the claim holding it, a pointer
+	// to its one Holder, shared by all its pods, instead of a Holder per
+	// pod (three string headers, 48 bytes). A pod that no claim holds has
+	// no entry. For every entry c of pod, pod is in c.pods and c is
+	// claims[c.holder.UID].
+	pods map[string]*claimPods
 
 	// claims is guarded by mu: claim UID → what the claim holds. An entry
 	// exists exactly while the claim holds at least one pod, and its pods
 	// are exactly the pods whose entry points to it.
 	claims map[types.UID]*claimPods
-}
-
-// podEntry is where a held pod is recorded: a pointer to its claim's one
-// Holder, shared by all the claim's pods, instead of a Holder per pod
-// (which would cost three string headers, 48 bytes, per pod), and its
-// index in the claim's pods so that Free removes it in constant time.
-type podEntry struct {
-	claim *claimPods
-	at    int
 }
 
 // claimPods is what one claim holds in one pool. It is guarded by the mu
@@ -105,31 +99,47 @@ type claimPods struct {
 
 func newPoolIndex() *poolIndex {
 	return &poolIndex{
-		pods:   make(map[string]podEntry),
+		pods:   make(map[string]*claimPods),
 		claims: make(map[types.UID]*claimPods),
 	}
 }
 
 // add records that c holds pod, which no claim holds.
 func (p *poolIndex) add(c *claimPods, pod string) {
-	p.pods[pod] = podEntry{claim: c, at: len(c.pods)}
+	p.pods[pod] = c
 	c.pods = append(c.pods, pod)
 }
 
-// remove forgets that e.claim holds pod, whose entry is e. It moves the
-// claim's last pod into pod's place, and shrinks the claim's slice when it
-// has become mostly empty.
-func (p *poolIndex) remove(pod string, e podEntry) {
-	c := e.claim
-	last := len(c.pods) - 1
-	if e.at != last {
-		moved := c.pods[last]
-		c.pods[e.at] = moved
-		p.pods[moved] = podEntry{claim: c, at: e.at}
+// smallFree is the most pods free removes one by one, each found by a scan
+// of its claim's pods; more are removed in one pass over them.
+const smallFree = 8
+
+// removeAll forgets that c holds pods, each of which it holds, listed once.
+// It costs O(len(c.pods)) per pod for a few pods and O(len(c.pods)) in all
+// for more, and shrinks the claim's slice when it has become mostly empty.
+func (p *poolIndex) removeAll(c *claimPods, pods []string) {
+	for _, pod := range pods {
+		delete(p.pods, pod)
 	}
-	c.pods[last] = "" // let the name go
-	c.pods = c.pods[:last]
-	delete(p.pods, pod)
+	if len(pods) <= smallFree {
+		for _, pod := range pods {
+			i := slices.Index(c.pods, pod)
+			last := len(c.pods) - 1
+			c.pods[i] = c.pods[last]
+			c.pods[last] = "" // let the name go
+			c.pods = c.pods[:last]
+		}
+	} else {
+		gone := make(map[string]struct{}, len(pods))
+		for _, pod := range pods {
+			gone[pod] = struct{}{}
+		}
+		kept := slices.DeleteFunc(c.pods, func(pod string) bool {
+			_, ok := gone[pod]
+			return ok
+		})
+		c.pods = kept // DeleteFunc cleared the tail
+	}
 	if cap(c.pods) > 16 && len(c.pods) < cap(c.pods)/4 {
 		c.pods = slices.Clone(c.pods)
 	}
@@ -222,7 +232,7 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 			if dup, ok := firstDuplicate(pods); ok {
 				return errListedTwice(pool, dup)
 			}
-			return &HeldError{Pool: pool, Pod: pod, Holder: e.claim.holder}
+			return &HeldError{Pool: pool, Pod: pod, Holder: e.holder}
 		}
 		p.add(c, pod)
 	}
@@ -261,27 +271,24 @@ func (s *InMemory) Free(pool types.NamespacedName, uid types.UID, pods []string)
 }
 
 // free does Free's work on a live index. The caller holds p.mu and has
-// checked uid and the pod names for emptiness. Like allocate, it undoes
-// its own changes on the error path instead of checking twice.
+// checked uid and the pod names for emptiness. It checks every pod before
+// it changes anything.
 func (p *poolIndex) free(pool types.NamespacedName, uid types.UID, pods []string) error {
 	c, known := p.claims[uid]
-	for i, pod := range pods {
+	for _, pod := range pods {
 		e, held := p.pods[pod]
-		if !known || !held || e.claim != c {
-			// pods[:i] are distinct (a repeat would have failed here
-			// earlier) and were all held by the claim: put them back.
-			// The claim's pods have no order, so appending restores it.
-			for _, done := range pods[:i] {
-				p.add(c, done)
-			}
+		if !known || !held || e != c {
 			var holder Holder
 			if held {
-				holder = e.claim.holder
+				holder = e.holder
 			}
 			return errNotHeldOrDuplicate(pool, uid, pods, pod, holder, held)
 		}
-		p.remove(pod, e)
 	}
+	if dup, ok := firstDuplicate(pods); ok {
+		return errListedTwice(pool, dup)
+	}
+	p.removeAll(c, pods)
 	if len(c.pods) == 0 {
 		delete(p.claims, uid)
 	}
@@ -301,7 +308,7 @@ func (s *InMemory) HolderOf(pool types.NamespacedName, pod string) (Holder, bool
 	if !ok {
 		return Holder{}, false, nil
 	}
-	return e.claim.holder, true, nil
+	return e.holder, true, nil
 }
 
 // Held returns the pods the claim with uid holds in pool, sorted. See
@@ -373,7 +380,7 @@ func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error
 	defer p.mu.RUnlock()
 	out := make(map[string]Holder, len(p.pods)) // a dead index has no pods
 	for pod, e := range p.pods {
-		out[pod] = e.claim.holder
+		out[pod] = e.holder
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,12 +67,12 @@ func (p *poolIndex) check() error {
 		}
 		return nil
 	}
-	for pod, e := range p.pods {
-		if e.claim == nil || e.at < 0 || e.at >= len(e.claim.pods) || e.claim.pods[e.at] != pod {
-			return fmt.Errorf("pod %s: entry %+v does not point back at it", pod, e)
+	for pod, c := range p.pods {
+		if c == nil || !slices.Contains(c.pods, pod) {
+			return fmt.Errorf("pod %s: its claim does not list it", pod)
 		}
-		if p.claims[e.claim.holder.UID] != e.claim {
-			return fmt.Errorf("pod %s: its claim %s is not the pool's claim with that UID", pod, e.claim.holder)
+		if p.claims[c.holder.UID] != c {
+			return fmt.Errorf("pod %s: its claim %s is not the pool's claim with that UID", pod, c.holder)
 		}
 	}
 	n := 0
@@ -83,8 +84,8 @@ func (p *poolIndex) check() error {
 			return fmt.Errorf("claim %s holds nothing but is listed", c.holder)
 		}
 		for _, pod := range c.pods {
-			if p.pods[pod].claim != c {
-				return fmt.Errorf("claim %s lists pod %s, which is not recorded as its own", c.holder, pod)
+			if p.pods[pod] != c || countOf(c.pods, pod) != 1 {
+				return fmt.Errorf("claim %s lists pod %s, which is not recorded as its own or is listed twice", c.holder, pod)
 			}
 		}
 		n += len(c.pods)
@@ -134,4 +135,14 @@ func TestInMemoryShrinksClaim(t *testing.T) {
 	held, err := s.Held(pool, h.UID)
 	require.NoError(t, err)
 	require.Equal(t, pods[:10], held)
+}
+
+func countOf(pods []string, pod string) int {
+	n := 0
+	for _, p := range pods {
+		if p == pod {
+			n++
+		}
+	}
+	return n
 }
