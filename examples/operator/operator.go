@@ -1,0 +1,588 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// The operator's API. A Pool (pools.test.poolalloc.io, no Go type: read as
+// unstructured) keeps at least spec.replicas pods and grows to serve its
+// claims; a Claim (claims.test.poolalloc.io, typed) names its pool in
+// spec.poolRef and wants spec.replicas pods, spec.priority breaking ties
+// when the pool is short. A pool's pods are the pods of its namespace
+// labelled PoolLabel=<pool name>. Fork: replace these with your own types.
+const (
+	// PoolLabel names a pod's pool.
+	PoolLabel = testenv.PoolLabel
+	// ManagedByLabel marks the pods this operator created.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	// ManagedBy is ManagedByLabel's value.
+	ManagedBy = "poolalloc-operator"
+)
+
+// Field indexes of the manager's cache: a claim's pool and a pod's pool,
+// both by name in the object's namespace. claimPoolIndex is also a
+// selectable field of the Claim CRD, so the same MatchingFields works on a
+// client without a cache.
+const (
+	claimPoolIndex = "spec.poolRef"
+	podPoolIndex   = "metadata.labels." + PoolLabel
+)
+
+// Defaults of Options.
+const (
+	DefaultResync = 30 * time.Second
+	// busyRequeue is how soon a pool that is waiting for something (pods
+	// starting, pods being recycled, its cache catching up with our own
+	// writes) is looked at again, whatever events arrive.
+	busyRequeue = 2 * time.Second
+	// expectTimeout is how long a pod this process created or deleted may
+	// be missing from (or still in) the cache before we stop waiting for
+	// it: a watch that lost the event.
+	expectTimeout = 30 * time.Second
+)
+
+// Options configures Setup.
+type Options struct {
+	// Resync is how often a pool is reconciled when nothing happens to it:
+	// the allocator acts on time too (quarantines). Default DefaultResync.
+	Resync time.Duration
+	// PodImage is the image of the pods the operator creates; default the
+	// pause image (testenv.PodImage).
+	PodImage string
+	// MaxConcurrentReconciles is how many pools are reconciled at once
+	// (rounds of different pools run in parallel); default 2.
+	MaxConcurrentReconciles int
+}
+
+// NewScheme returns the scheme the operator's manager needs: the core
+// types (pods, events) and the test CRDs' typed Claim. Pool has no Go type
+// and is read as unstructured.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("scheme: core/v1: %w", err)
+	}
+	if err := testenv.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("scheme: %s: %w", testenv.GroupVersion, err)
+	}
+	return s, nil
+}
+
+// CacheOptions returns the manager's cache options: only pods that belong
+// to a pool (PoolLabel set) are cached, without their managed fields, and
+// with namespaces only those namespaces are watched (all when empty).
+func CacheOptions(namespaces ...string) (cache.Options, error) {
+	hasPool, err := labels.NewRequirement(PoolLabel, selection.Exists, nil)
+	if err != nil {
+		return cache.Options{}, fmt.Errorf("cache: pod selector: %w", err)
+	}
+	opts := cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Label: labels.NewSelector().Add(*hasPool)},
+		},
+	}
+	if len(namespaces) > 0 {
+		opts.DefaultNamespaces = make(map[string]cache.Config, len(namespaces))
+		for _, ns := range namespaces {
+			opts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	return opts, nil
+}
+
+// ManagerConfig is what NewManager needs beyond the REST config.
+type ManagerConfig struct {
+	// MetricsAddr is the metrics endpoint's address; "0" disables it.
+	MetricsAddr string
+	// ProbeAddr is the address of /healthz and /readyz; "0" disables them.
+	ProbeAddr string
+	// LeaderElection makes the manager run the controller only while it
+	// holds the lease LeaseID in LeaseNamespace (empty: the namespace of the
+	// pod it runs in).
+	LeaderElection bool
+	LeaseNamespace string
+	LeaseID        string
+	// Namespaces limits the cache to these namespaces; empty means all.
+	Namespaces []string
+}
+
+// NewManager returns a manager for Setup: NewScheme, CacheOptions, the
+// metrics server, the probes and leader election. The lease is given up on
+// shutdown (the process exits right after Start returns), so that a
+// successor takes over at once.
+func NewManager(cfg *rest.Config, mc ManagerConfig) (ctrl.Manager, error) {
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	cacheOpts, err := CacheOptions(mc.Namespaces...)
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Cache:                         cacheOpts,
+		Metrics:                       metricsserver.Options{BindAddress: mc.MetricsAddr},
+		HealthProbeBindAddress:        mc.ProbeAddr,
+		LeaderElection:                mc.LeaderElection,
+		LeaderElectionNamespace:       mc.LeaseNamespace,
+		LeaderElectionID:              mc.LeaseID,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		if mc.LeaderElection && mc.LeaseNamespace == "" {
+			err = fmt.Errorf("%w (outside a cluster, set the lease's namespace, -leader-election-namespace, or turn leader election off)", err)
+		}
+		return nil, fmt.Errorf("manager: %w", err)
+	}
+	return mgr, nil
+}
+
+// newPoolObject returns an empty Pool to read into.
+func newPoolObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(testenv.PoolGVK)
+	return u
+}
+
+// Setup registers the operator on mgr: the field indexes, the pool
+// reconciler with its watches, and the health and readiness probes. mgr's
+// scheme must hold NewScheme's types and its cache should be made with
+// CacheOptions. It fails, naming the kind, when the CRDs are not served.
+func Setup(mgr ctrl.Manager, opts Options) error {
+	if opts.Resync <= 0 {
+		opts.Resync = DefaultResync
+	}
+	if opts.PodImage == "" {
+		opts.PodImage = testenv.PodImage
+	}
+	if opts.MaxConcurrentReconciles <= 0 {
+		opts.MaxConcurrentReconciles = 2
+	}
+	for _, gvk := range []struct{ kind, plural string }{{"Pool", "pools"}, {"Claim", "claims"}} {
+		gk := testenv.GroupVersion.WithKind(gvk.kind).GroupKind()
+		if _, err := mgr.GetRESTMapper().RESTMapping(gk, testenv.Version); err != nil {
+			return fmt.Errorf("CRD %s.%s is not served (install it first): %w", gvk.plural, testenv.Group, err)
+		}
+	}
+
+	ctx := context.Background() // IndexField only uses it to start informers lazily
+	err := mgr.GetFieldIndexer().IndexField(ctx, &testenv.Claim{}, claimPoolIndex, func(o client.Object) []string {
+		if c, ok := o.(*testenv.Claim); ok && c.Spec.PoolRef != "" {
+			return []string{c.Spec.PoolRef}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("index claims by %s: %w", claimPoolIndex, err)
+	}
+	err = mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, podPoolIndex, func(o client.Object) []string {
+		if p := o.GetLabels()[PoolLabel]; p != "" {
+			return []string{p}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("index pods by %s: %w", podPoolIndex, err)
+	}
+
+	alloc, err := allocator.New(mgr.GetClient(),
+		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
+		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
+		allocator.WithClaimType(&testenv.Claim{}),
+		allocator.WithClaimPool(claimPool))
+	if err != nil {
+		return fmt.Errorf("allocator: %w", err)
+	}
+	r := &poolReconciler{
+		client:   mgr.GetClient(),
+		scheme:   mgr.GetScheme(),
+		alloc:    alloc,
+		events:   mgr.GetEventRecorder("poolalloc-operator"),
+		opts:     opts,
+		expected: expectations{pools: map[types.NamespacedName]map[string]expectation{}},
+	}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("pool").
+		// Our own status writes change no generation: they do not wake us.
+		For(newPoolObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&testenv.Claim{}, handler.EnqueueRequestsFromMapFunc(claimToPool)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToPool)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("pool controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("health probe: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("readiness probe: %w", err)
+	}
+	return nil
+}
+
+// claimPool is the pool a claim names, for allocator.WithClaimPool: the
+// allocator gives a claim's pods back at once when a live read shows it
+// moved to another pool.
+func claimPool(o client.Object) types.NamespacedName {
+	name := ""
+	switch c := o.(type) {
+	case *testenv.Claim:
+		name = c.Spec.PoolRef
+	case *unstructured.Unstructured:
+		name, _, _ = unstructured.NestedString(c.Object, "spec", "poolRef")
+	}
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: name}
+}
+
+// claimToPool maps a claim's events to its pool. On an update the old
+// object is mapped too, so a claim moved between pools wakes both.
+func claimToPool(_ context.Context, o client.Object) []ctrl.Request {
+	if p := claimPool(o); p.Name != "" {
+		return []ctrl.Request{{NamespacedName: p}}
+	}
+	return nil
+}
+
+// podToPool maps a pod's events to its pool (PoolLabel).
+func podToPool(_ context.Context, o client.Object) []ctrl.Request {
+	if p := o.GetLabels()[PoolLabel]; p != "" {
+		return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: p}}}
+	}
+	return nil
+}
+
+// poolReconciler runs an allocator round for one pool per reconcile and
+// sizes the pool. controller-runtime never reconciles one pool in two
+// workers at once; different pools run in parallel.
+type poolReconciler struct {
+	client   client.Client
+	scheme   *runtime.Scheme
+	alloc    allocator.Allocator
+	events   recorder.EventRecorder
+	opts     Options
+	expected expectations
+}
+
+// Reconcile lists the pool's pods and claims from the cache, runs a round
+// and creates (or trims) the pool's pods. A pool that is gone (or being
+// deleted) gets its pods back from its claims through recycling, its idle
+// pods are deleted, and once nothing is left the allocator forgets it.
+func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := logr.FromContextOrDiscard(ctx)
+	poolName := req.NamespacedName
+	pool := newPoolObject()
+	gone := false
+	switch err := r.client.Get(ctx, poolName, pool); {
+	case apierrors.IsNotFound(err):
+		gone, pool = true, nil
+	case err != nil:
+		return ctrl.Result{}, fmt.Errorf("pool %s: get: %w", poolName, err)
+	default:
+		gone = pool.GetDeletionTimestamp() != nil
+	}
+
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.InNamespace(poolName.Namespace), client.MatchingFields{podPoolIndex: poolName.Name}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("pool %s: list pods: %w", poolName, err)
+	}
+	var claims testenv.ClaimList
+	if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("pool %s: list claims: %w", poolName, err)
+	}
+	waiting := r.expected.observe(poolName, pods.Items, time.Now())
+	if gone && len(pods.Items) == 0 && !slices.ContainsFunc(claims.Items, hasAllocationFinalizer) {
+		// Nothing of the pool is left and no claim holds anything of it.
+		r.expected.forget(poolName)
+		if err := r.alloc.ForgetPool(poolName); err != nil {
+			return ctrl.Result{}, fmt.Errorf("pool %s: forget: %w", poolName, err)
+		}
+		log.V(1).Info("pool gone, forgotten")
+		return ctrl.Result{}, nil
+	}
+
+	in := allocator.Input{Pool: poolName, Pods: pods.Items}
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		want := int(c.Spec.Replicas)
+		if gone {
+			want = 0 // a pool's deletion takes its pods back
+		}
+		in.Claims = append(in.Claims, allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority})
+	}
+	res, roundErr := r.alloc.Round(ctx, in) // res is valid even when roundErr is not
+	r.warn(pool, claims.Items, res.Warnings)
+
+	var sizeErr error
+	switch {
+	case gone:
+		sizeErr = r.deleteIdle(ctx, poolName, pods.Items, res.Idle, len(res.Idle))
+	case waiting:
+		// The cache does not show all our creations and deletions yet: the
+		// counts below would be wrong. Look again soon (events will come).
+	default:
+		sizeErr = r.size(ctx, pool, pods.Items, res, roundErr == nil)
+	}
+	var statusErr error
+	if !gone {
+		statusErr = r.writeStatus(ctx, pool, pods.Items, res)
+	}
+
+	if err := errors.Join(roundErr, sizeErr, statusErr); err != nil {
+		if ctx.Err() != nil {
+			return ctrl.Result{}, nil // shutting down: nothing to retry here
+		}
+		return ctrl.Result{}, err // requeued with backoff; the error names the pool
+	}
+	if waiting || res.Shortfall > 0 || len(res.Recycling) > 0 || (gone && len(pods.Items) > 0) {
+		return ctrl.Result{RequeueAfter: busyRequeue}, nil
+	}
+	return ctrl.Result{RequeueAfter: r.opts.Resync}, nil
+}
+
+// hasAllocationFinalizer reports whether the allocator's finalizer is on
+// the claim: it may hold pods.
+func hasAllocationFinalizer(c testenv.Claim) bool {
+	return controllerutil.ContainsFinalizer(&c, syncer.DefaultKeys().Finalizer)
+}
+
+// size creates the pods the pool lacks: enough for the claims' shortfall
+// (less the pods still starting, as the allocator counts them) and at least
+// spec.replicas pods in all. With trim, it deletes idle pods beyond both.
+func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructured, pods []corev1.Pod, res allocator.Result, trim bool) error {
+	poolName := client.ObjectKeyFromObject(pool)
+	replicas, _, err := unstructured.NestedInt64(pool.Object, "spec", "replicas")
+	if err != nil {
+		return fmt.Errorf("pool %s: spec.replicas: %w", poolName, err)
+	}
+	live := 0
+	for i := range pods {
+		if podLive(&pods[i]) {
+			live++
+		}
+	}
+	create := max(res.Shortfall-res.Starting, int(replicas)-live, 0)
+	for range create {
+		pod, err := r.newPod(pool)
+		if err != nil {
+			return err
+		}
+		if err := r.client.Create(ctx, pod); err != nil {
+			return fmt.Errorf("pool %s: create pod: %w", poolName, err)
+		}
+		r.expected.add(poolName, pod.Name, true, time.Now())
+		logr.FromContextOrDiscard(ctx).V(1).Info("created pod", "pod", pod.Name, "shortfall", res.Shortfall, "starting", res.Starting, "replicas", replicas, "live", live)
+	}
+	if excess := live - int(replicas); trim && create == 0 && res.Shortfall == 0 && excess > 0 {
+		return r.deleteIdle(ctx, poolName, pods, res.Idle, excess)
+	}
+	return nil
+}
+
+// podLive reports whether a pod counts towards the pool's size: not being
+// deleted and not finished.
+func podLive(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// deleteIdle deletes up to n of the pool's idle pods (as the round found
+// them) that carry no pod mark in the listing, newest first. Each delete is
+// guarded by the pod's UID and resourceVersion as listed: the allocator
+// marks a pod (a new resourceVersion) before it hands it out, so a pod
+// handed out since, here or by another allocator, is left alone.
+func (r *poolReconciler) deleteIdle(ctx context.Context, poolName types.NamespacedName, pods []corev1.Pod, idle []string, n int) error {
+	var victims []*corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		_, marked := p.Annotations[allocator.DefaultPodMarkKey]
+		if !marked && p.DeletionTimestamp == nil && slices.Contains(idle, p.Name) {
+			victims = append(victims, p)
+		}
+	}
+	slices.SortFunc(victims, func(a, b *corev1.Pod) int {
+		if c := b.CreationTimestamp.Compare(a.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(b.Name, a.Name)
+	})
+	var errs []error
+	for _, p := range victims[:min(n, len(victims))] {
+		uid, rv := p.UID, p.ResourceVersion
+		err := r.client.Delete(ctx, p, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		switch {
+		case err == nil:
+			r.expected.add(poolName, p.Name, false, time.Now())
+			logr.FromContextOrDiscard(ctx).V(1).Info("deleted idle pod", "pod", p.Name)
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			// Gone already, or changed since the listing: next round.
+		default:
+			errs = append(errs, fmt.Errorf("pool %s: delete idle pod %s: %w", poolName, p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newPod is the pool's pod template: one pause container, the pool label
+// and the pool as controlling owner (the garbage collector deletes a
+// deleted pool's pods). Fork: put your sandbox here.
+func (r *poolReconciler) newPod(pool *unstructured.Unstructured) (*corev1.Pod, error) {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:    pool.GetNamespace(),
+			GenerateName: pool.GetName() + "-",
+			Labels:       map[string]string{PoolLabel: pool.GetName(), ManagedByLabel: ManagedBy},
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "sandbox", Image: r.opts.PodImage}},
+		},
+	}
+	if err := controllerutil.SetControllerReference(pool, pod, r.scheme); err != nil {
+		return nil, fmt.Errorf("pool %s/%s: pod owner reference: %w", pool.GetNamespace(), pool.GetName(), err)
+	}
+	return pod, nil
+}
+
+// warn reports what the round dealt with itself as Warning events on the
+// claim concerned (or the pool) and logs them at V(1). They need no retry.
+func (r *poolReconciler) warn(pool *unstructured.Unstructured, claims []testenv.Claim, warnings []error) {
+	for _, w := range warnings {
+		var regarding runtime.Object
+		var ce *allocator.ClaimError
+		if errors.As(w, &ce) {
+			if i := slices.IndexFunc(claims, func(c testenv.Claim) bool { return c.UID == ce.UID }); i >= 0 {
+				regarding = &claims[i]
+			}
+		}
+		if regarding == nil && pool != nil {
+			regarding = pool
+		}
+		if regarding != nil {
+			r.events.Eventf(regarding, nil, corev1.EventTypeWarning, "AllocationWarning", "Allocate", "%s", w.Error())
+		}
+	}
+}
+
+// writeStatus writes what the round found into the pool's status, when it
+// changed: pods, ready, idle, starting, recycling, lost, shortfall.
+func (r *poolReconciler) writeStatus(ctx context.Context, pool *unstructured.Unstructured, pods []corev1.Pod, res allocator.Result) error {
+	live, ready := 0, 0
+	for i := range pods {
+		if podLive(&pods[i]) {
+			live++
+		}
+		if allocator.PodReady(&pods[i]) {
+			ready++
+		}
+	}
+	status := map[string]any{
+		"observedGeneration": pool.GetGeneration(),
+		"pods":               int64(live),
+		"ready":              int64(ready),
+		"idle":               int64(res.IdleCount),
+		"starting":           int64(res.Starting),
+		"recycling":          int64(len(res.Recycling)),
+		"lost":               int64(len(res.Lost)),
+		"shortfall":          int64(res.Shortfall),
+	}
+	old, _, _ := unstructured.NestedMap(pool.Object, "status")
+	if reflect.DeepEqual(old, status) {
+		return nil
+	}
+	orig := pool.DeepCopy()
+	pool.Object["status"] = status
+	if err := r.client.Status().Patch(ctx, pool, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("pool %s/%s: write status: %w", pool.GetNamespace(), pool.GetName(), err)
+	}
+	return nil
+}
+
+// expectations are the pod creations and deletions this process made that
+// its cache does not show yet (the ReplicaSet controller's pattern): while
+// any is pending, a pool's size is not acted on, so a lagging cache never
+// makes us create or delete a pod twice.
+type expectations struct {
+	mu sync.Mutex
+	// pools maps a pool to its pending pods by name. Guarded by mu.
+	pools map[types.NamespacedName]map[string]expectation
+}
+
+// expectation is one pending pod.
+type expectation struct {
+	create bool // true: created, waiting to be listed; false: deleted, waiting to be unlisted
+	since  time.Time
+}
+
+func (e *expectations) add(pool types.NamespacedName, pod string, create bool, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pools[pool] == nil {
+		e.pools[pool] = map[string]expectation{}
+	}
+	e.pools[pool][pod] = expectation{create: create, since: now}
+}
+
+// observe drops the pending pods the listing shows done (or that waited
+// longer than expectTimeout) and reports whether any is still pending.
+func (e *expectations) observe(pool types.NamespacedName, pods []corev1.Pod, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	pending := e.pools[pool]
+	if len(pending) == 0 {
+		return false
+	}
+	listed := make(map[string]bool, len(pods))
+	for i := range pods {
+		listed[pods[i].Name] = true
+	}
+	for name, x := range pending {
+		if x.create == listed[name] || now.Sub(x.since) > expectTimeout {
+			delete(pending, name)
+		}
+	}
+	if len(pending) == 0 {
+		delete(e.pools, pool)
+		return false
+	}
+	return true
+}
+
+func (e *expectations) forget(pool types.NamespacedName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.pools, pool)
+}
