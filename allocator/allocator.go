@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/internal/index"
 	"github.com/poolalloc/poolalloc/store"
 	"github.com/poolalloc/poolalloc/syncer"
 )
@@ -185,7 +186,7 @@ func New(c client.Client, opts ...Option) (Allocator, error) {
 		protoObj:   cfg.claimType,
 		cfg:        cfg,
 		pools:      make(map[types.NamespacedName]*pool),
-		claimPools: make(map[types.UID]*types.NamespacedName),
+		claimPools: index.New(claimUID, 0),
 	}, nil
 }
 
@@ -198,13 +199,13 @@ type defaultAllocator struct {
 	// before, and held only for map access.
 	mu    sync.Mutex
 	pools map[types.NamespacedName]*pool
-	// claimPools records, for each claim holding pods, a pool they are in
-	// (pointing to the name its pool state keeps), and morePools the other
-	// pools, for the rare claim that holds pods in several. A claim moved
-	// from pool A to pool B is served in B only when it holds nothing in A
-	// any more.
-	claimPools map[types.UID]*types.NamespacedName
-	morePools  map[types.UID][]types.NamespacedName
+	// claimPools records, for each claim holding pods, its entry in a pool
+	// where it holds them (only its UID and pool are read here), and
+	// morePools its entries in the other pools, for the rare claim that
+	// holds pods in several. A claim moved from pool A to pool B is served
+	// in B only when it holds nothing in A any more.
+	claimPools index.Index[*claimInfo]
+	morePools  map[types.UID][]*claimInfo
 
 	// protoMu guards protoObj: a claim listed in some pool, whose Go type
 	// and kind serve to read claims known only from pod marks in pools
@@ -281,9 +282,9 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 	if p != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		for _, c := range p.claims {
+		for c := range p.claims.All() {
 			if p.nHeld(c) > 0 {
-				a.setHolds(c.uid(), &p.name, false)
+				a.setHolds(c, false)
 			}
 		}
 	}
@@ -296,36 +297,37 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 	return nil
 }
 
-// setHolds records whether claim uid holds pods in pool name.
-func (a *defaultAllocator) setHolds(uid types.UID, name *types.NamespacedName, holds bool) {
+// setHolds records whether the claim of ci holds pods in ci's pool.
+func (a *defaultAllocator) setHolds(ci *claimInfo, holds bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	first := a.claimPools[uid]
+	uid, name := ci.uid(), ci.pool.name
+	first := a.claimPools.Get(string(uid))
 	more := a.morePools[uid]
+	inPool := func(e *claimInfo) bool { return e.pool.name == name }
 	if holds {
 		switch {
-		case first == nil:
-			a.claimPools[uid] = name
-		case *first != *name && !slices.Contains(more, *name):
+		case first == nil || inPool(first):
+			a.claimPools.Set(ci)
+		case !slices.ContainsFunc(more, inPool):
 			if a.morePools == nil {
-				a.morePools = make(map[types.UID][]types.NamespacedName)
+				a.morePools = make(map[types.UID][]*claimInfo)
 			}
-			a.morePools[uid] = append(more, *name)
+			a.morePools[uid] = append(more, ci)
 		}
 		return
 	}
 	switch {
 	case first == nil:
 		return
-	case *first == *name && len(more) == 0:
-		delete(a.claimPools, uid)
+	case inPool(first) && len(more) == 0:
+		a.claimPools.Del(string(uid))
 		return
-	case *first == *name:
-		next := more[0]
-		a.claimPools[uid] = &next
+	case inPool(first):
+		a.claimPools.Set(more[0])
 		more = more[1:]
 	default:
-		more = slices.DeleteFunc(more, func(n types.NamespacedName) bool { return n == *name })
+		more = slices.DeleteFunc(more, inPool)
 	}
 	if len(more) == 0 {
 		delete(a.morePools, uid)
@@ -338,12 +340,12 @@ func (a *defaultAllocator) setHolds(uid types.UID, name *types.NamespacedName, h
 func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if first := a.claimPools[uid]; first != nil && *first != name {
-		return *first, true
+	if first := a.claimPools.Get(string(uid)); first != nil && first.pool.name != name {
+		return first.pool.name, true
 	}
 	for _, other := range a.morePools[uid] {
-		if other != name {
-			return other, true
+		if other.pool.name != name {
+			return other.pool.name, true
 		}
 	}
 	return types.NamespacedName{}, false
@@ -363,7 +365,7 @@ type pool struct {
 	// gen counts rounds; objects seen in a round carry its gen (see
 	// podSeen and claimSeen).
 	gen  uint64
-	pods map[string]*podInfo
+	pods index.Index[*podInfo]
 	// podSeen lists every podInfo of the pool, the entries of pods and the
 	// newer pods waiting in their next, each at its podInfo.idx with the
 	// gen of the round that last listed it. A round finds the pods missing
@@ -386,7 +388,7 @@ type pool struct {
 	// offer is the copy of free handed to the algorithm, kept to reuse
 	// its memory.
 	offer  []algorithm.Candidate
-	claims map[types.UID]*claimInfo
+	claims index.Index[*claimInfo]
 	// forgotten holds the newest resourceVersion of claims that left the
 	// pool holding nothing, so that a lagging listing showing one again
 	// is not taken for a new claim. It is cleared when it grows large.
@@ -454,7 +456,7 @@ func (p *pool) overruled(pi *podInfo, ci *claimInfo) bool {
 // unknownHolder stands for the holder of a pod when the store could not
 // say, or names a claim the pool does not know: the pod is held, by no
 // claim the pool can act for.
-var unknownHolder = &claimInfo{key: "/", ns: new(string)}
+var unknownHolder = &claimInfo{key: "/", pool: &pool{}}
 
 // holderOf returns the claim holding pi, as the store says: nil when none
 // does. Only a pod's entry is ever held, not a newer pod waiting under its
@@ -471,7 +473,7 @@ func (p *pool) holderOf(pi *podInfo) *claimInfo {
 	case !ok:
 		return nil
 	}
-	if ci := p.claims[h.UID]; ci != nil {
+	if ci := p.claims.Get(string(h.UID)); ci != nil {
 		return ci
 	}
 	p.noteStoreErr(fmt.Errorf("store: pod %s is held by %s, which the pool does not know", pi.name(), h))
@@ -490,7 +492,7 @@ func (p *pool) held(ci *claimInfo) []*podInfo {
 	}
 	out := make([]*podInfo, 0, len(names))
 	for _, name := range names {
-		if pi := p.pods[name]; pi != nil {
+		if pi := p.pods.Get(name); pi != nil {
 			out = append(out, pi)
 		} else {
 			p.noteStoreErr(fmt.Errorf("store: claim %s holds pod %s, which the pool does not know", ci.name(), name))
@@ -585,8 +587,8 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 		name:      name,
 		store:     a.cfg.store,
 		anyProto:  a.proto,
-		pods:      make(map[string]*podInfo),
-		claims:    make(map[types.UID]*claimInfo),
+		pods:      index.New((*podInfo).name, 0),
+		claims:    index.New(claimUID, 0),
 		dirty:     make(map[*claimInfo]struct{}),
 		recycling: make(map[string]*podInfo),
 		reserved:  make(map[string]*podInfo),
@@ -805,7 +807,7 @@ func (p *pool) candidateHeldBy(pi *podInfo, holder *claimInfo) bool {
 // settling or named by a stray record, and the entry under its name.
 func (p *pool) offerable(pi *podInfo, holder *claimInfo) bool {
 	return holder == nil && pi.present && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods[pi.name()] == pi
+		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods.Get(pi.name()) == pi
 }
 
 // isStarting reports whether pi counts in Result.Starting: offerable, not
@@ -856,7 +858,7 @@ func (p *pool) refreshFree(pi *podInfo) {
 		last := int32(len(p.free) - 1)
 		moved := p.free[last]
 		p.free[pi.freeIdx] = moved
-		p.pods[moved.Name].freeIdx = pi.freeIdx
+		p.pods.Get(moved.Name).freeIdx = pi.freeIdx
 		p.free[last] = algorithm.Candidate{}
 		p.free = p.free[:last]
 		pi.freeIdx = -1
@@ -881,10 +883,10 @@ type claimInfo struct {
 	rv string
 	// ver is the newest version of the claim known, nil for a claim known
 	// only from its pods' marks: from the listing, a write, or a live read.
-	// Writes are based on it. With the annotation syncer it is a
-	// *claimMeta, what writes need of the object (see claimobj.go);
-	// otherwise the client.Object itself. object returns it either way.
-	ver any
+	// Writes are based on it. With the annotation syncer it is what
+	// writes need of the object (see claimobj.go); otherwise it holds the
+	// client.Object itself. object returns it either way.
+	ver *claimMeta
 	// idx is the claim's place in pool.claimSeen.
 	idx int32
 	// listed is whether the claim was in the latest listing of this pool.
@@ -902,14 +904,13 @@ type claimInfo struct {
 	// arrival orders the claims of the pool by when the allocator first
 	// saw them (see pool.orderArrivals): algorithm.Request.Arrival.
 	arrival uint32
-	// recycling counts the held pods being recycled. The pods the claim
-	// holds are the store's to say (pool.held, pool.nHeld, pool.heldPod).
-	recycling int32
-
-	// ns is the claim's namespace, its pool's; nameLen the length of its
-	// name in key.
-	ns      *string
+	// nameLen is the length of the claim's name in key.
 	nameLen int32
+	// pool is the claim's pool, whose namespace is the claim's. The pods
+	// the claim holds are the store's to say (pool.held, pool.nHeld,
+	// pool.heldPod); how many of them are being recycled is in more
+	// (recycling).
+	pool *pool
 	// created is the creation time in Unix nanoseconds (see createdAt).
 	created int64
 
@@ -946,6 +947,22 @@ type claimMore struct {
 	oldRVs []string
 	// gone is set once a live read found the claim deleted (pod marks).
 	gone bool
+	// recycling counts the held pods being recycled.
+	recycling int32
+}
+
+// recycling is how many of the pods the claim holds are being recycled.
+func (c *claimInfo) recycling() int32 {
+	if c.more == nil {
+		return 0
+	}
+	return c.more.recycling
+}
+
+// addRecycling changes recycling by d.
+func (c *claimInfo) addRecycling(d int32) {
+	c.edit().recycling += d
+	c.tidy()
 }
 
 func (c *claimInfo) isGone() bool { return c.more != nil && c.more.gone }
@@ -1001,7 +1018,7 @@ func (c *claimInfo) edit() *claimMore {
 
 func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
-		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone {
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone && m.recycling == 0 {
 		c.more = nil
 	}
 }
@@ -1080,18 +1097,20 @@ func (c *claimInfo) addRV(rv string) {
 
 func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid(), Claim: c.name()} }
 
-// setIdent sets the claim's namespace (a string its pool keeps), name and
-// UID.
-func (c *claimInfo) setIdent(ns *string, name string, uid types.UID) {
-	c.key, c.ns, c.nameLen = name+"/"+string(uid), ns, int32(len(name))
+// setIdent sets the claim's pool, name and UID.
+func (c *claimInfo) setIdent(p *pool, name string, uid types.UID) {
+	c.key, c.pool, c.nameLen = name+"/"+string(uid), p, int32(len(name))
 }
+
+// claimUID is the key of claims in pool.claims.
+func claimUID(c *claimInfo) string { return string(c.uid()) }
 
 // uid is the claim's UID, a part of key.
 func (c *claimInfo) uid() types.UID { return types.UID(c.key[c.nameLen+1:]) }
 
 // name is the claim's namespace and name, a part of key.
 func (c *claimInfo) name() types.NamespacedName {
-	return types.NamespacedName{Namespace: *c.ns, Name: c.key[:c.nameLen]}
+	return types.NamespacedName{Namespace: c.pool.name.Namespace, Name: c.key[:c.nameLen]}
 }
 
 // noTime is claimInfo.created for a zero creation time.

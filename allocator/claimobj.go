@@ -37,9 +37,13 @@ type claimKind struct {
 	unstructuredClaim bool
 }
 
-// claimMeta is what the allocator keeps of a version of a claim with the
-// annotation syncer (see above). It is not changed once made.
+// claimMeta is what the allocator keeps of a version of a claim: with the
+// annotation syncer the fields below obj (see above), with another syncer
+// the object itself in obj. It is not changed once made.
 type claimMeta struct {
+	// obj is the claim's object, kept with another syncer than the
+	// annotation syncer; nil with it.
+	obj     client.Object
 	kind    *claimKind
 	rv      string
 	deleted *metav1.Time
@@ -57,8 +61,12 @@ func (c *config) slimmable() bool { return c.slimKeys != nil }
 // setObj makes o the newest version of ci known: o itself, or what a
 // claimMeta keeps of it.
 func (p *pool) setObj(ci *claimInfo, o client.Object, cfg *config) {
-	if !cfg.slimmable() || o == nil {
-		ci.ver = o
+	if o == nil {
+		ci.ver = nil
+		return
+	}
+	if !cfg.slimmable() {
+		ci.ver = &claimMeta{obj: o}
 		return
 	}
 	m := &claimMeta{kind: p.kindOf(o), rv: o.GetResourceVersion()}
@@ -113,60 +121,61 @@ func (ci *claimInfo) known() bool { return ci.ver != nil }
 // settledVer is claimInfo.ver once a settled claim's version was let go
 // (letGo): the version is known, at resourceVersion claimInfo.rv, but not
 // kept. A write reads it again (see do).
-type settledVer struct{}
+var settledVer = &claimMeta{}
 
 // letGo forgets what ci keeps of its newest version, which a settled
 // claim does not need: most claims of a steady pool are settled, and the
 // version is most of what a claim costs to keep.
 func (ci *claimInfo) letGo() {
 	if ci.ver != nil {
-		ci.ver = settledVer{}
+		ci.ver = settledVer
 	}
 }
 
 // letGone reports whether ci's version is known but was let go.
-func (ci *claimInfo) letGone() bool {
-	_, ok := ci.ver.(settledVer)
-	return ok
-}
+func (ci *claimInfo) letGone() bool { return ci.ver == settledVer }
 
 // meta returns what ci keeps of its newest version with the annotation
 // syncer, nil otherwise.
 func (ci *claimInfo) meta() *claimMeta {
-	m, _ := ci.ver.(*claimMeta)
-	return m
+	if m := ci.ver; m != nil && m != settledVer && m.obj == nil {
+		return m
+	}
+	return nil
 }
 
 // obj returns the newest version of ci itself, kept with another syncer;
 // nil otherwise.
 func (ci *claimInfo) obj() client.Object {
-	o, _ := ci.ver.(client.Object)
-	return o
+	if ci.ver == nil {
+		return nil
+	}
+	return ci.ver.obj
 }
 
 // objRV is the resourceVersion of the newest version of ci known.
 func (ci *claimInfo) objRV() string {
-	switch v := ci.ver.(type) {
-	case *claimMeta:
-		return v.rv
-	case client.Object:
-		return v.GetResourceVersion()
-	case settledVer:
+	switch m := ci.ver; {
+	case m == nil:
+		return ""
+	case m == settledVer:
 		return ci.rv
+	case m.obj != nil:
+		return m.obj.GetResourceVersion()
 	}
-	return ""
+	return ci.ver.rv
 }
 
 // objDeleted reports whether the newest version of ci known has a deletion
 // timestamp.
 func (ci *claimInfo) objDeleted() bool {
-	switch v := ci.ver.(type) {
-	case *claimMeta:
-		return v.deleted != nil
-	case client.Object:
-		return v.GetDeletionTimestamp() != nil
+	switch m := ci.ver; {
+	case m == nil || m == settledVer:
+		return false
+	case m.obj != nil:
+		return m.obj.GetDeletionTimestamp() != nil
 	}
-	return false
+	return ci.ver.deleted != nil
 }
 
 // object returns the newest version of ci known, nil if none: the object

@@ -62,7 +62,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		return w
 	}
 	for _, g := range allocs {
-		get(p.claims[g.UID]).add = g.Pods
+		get(p.claims.Get(string(g.UID))).add = g.Pods
 	}
 	for ci, pods := range done {
 		get(ci).done = pods
@@ -122,7 +122,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	// replaces lists and that is marked for the claim, reserved ones too.
 	frozen := make(map[*claimInfo]bool)
 	for ci, pods := range r.reservationsByClaim() {
-		room := max(0, int(ci.want)-(p.nHeld(ci)-int(ci.recycling)))
+		room := max(0, int(ci.want)-(p.nHeld(ci)-int(ci.recycling())))
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
 			ok = ok && pi.present && pi.ready
@@ -263,7 +263,7 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 		return found
 	})
 	slices.Sort(released)
-	stillRecycling := int(ci.recycling) - len(w.done)
+	stillRecycling := int(ci.recycling()) - len(w.done)
 	return syncer.Record{Allocated: allocated, Release: release, Released: released},
 		len(allocated) > 0 || stillRecycling > 0
 }
@@ -325,7 +325,7 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 			listed[p] = struct{}{}
 		}
 	}
-	stillRecycling := int(ci.recycling) - len(w.done)
+	stillRecycling := int(ci.recycling()) - len(w.done)
 	// Kept while the claim lives in this pool; one that left it (moved,
 	// or detached as OpenSandbox does on pause, taking the finalizer off
 	// itself) does not get it back from the pool it left.
@@ -491,7 +491,7 @@ func nilObject(o client.Object) bool {
 // ci's (lost) pod, the newer pod waiting under the name, whose mark then
 // decides.
 func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
-	pi := p.pods[name]
+	pi := p.pods.Get(name)
 	if pi != nil && !pi.present && p.holderOf(pi) != ci {
 		if next := pi.nextPod(); next != nil && next.present {
 			return next
@@ -602,7 +602,7 @@ func (r *round) apply(w *write) {
 			}
 			// The hand-out failed for certain: no record lists the pod,
 			// and none can while it carries the mark.
-			r.queueUnmark(p.pods[name], ci.uid(), fenceGone)
+			r.queueUnmark(p.pods.Get(name), ci.uid(), fenceGone)
 		}
 	}
 	switch {
@@ -616,7 +616,7 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range w.done {
-				r.unhold(ci, p.pods[name], fenceGone)
+				r.unhold(ci, p.pods.Get(name), fenceGone)
 			}
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
@@ -636,7 +636,7 @@ func (r *round) apply(w *write) {
 			// of it succeeds: its record is not checked for tampering.
 			ci.unsettled = true
 			for _, name := range w.add {
-				pi := p.pods[name]
+				pi := p.pods.Get(name)
 				pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
 				p.reserved[name] = pi
 				p.refreshFree(pi)
@@ -673,7 +673,7 @@ func (r *round) apply(w *write) {
 						continue
 					}
 					// Kept by a live read of its mark (staleMarks): held.
-					if pi := p.pods[name]; pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil {
+					if pi := p.pods.Get(name); pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil {
 						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid() {
 							pi.mark, pi.markOwn, pi.markRV = p.markString(w.marks[name]), false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {
@@ -708,14 +708,14 @@ func (r *round) apply(w *write) {
 				return
 			}
 			for _, name := range free {
-				r.unhold(ci, p.pods[name], fence)
+				r.unhold(ci, p.pods.Get(name), fence)
 			}
 		}
 		if len(w.done) > 0 {
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
 		for _, name := range w.adopt {
-			pi := p.pods[name]
+			pi := p.pods.Get(name)
 			pi.reserve(nil, time.Time{})
 			delete(p.reserved, name)
 		}
@@ -732,7 +732,7 @@ func (r *round) apply(w *write) {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: slices.Clone(w.add)})
 			}
 		}
-		r.a.setHolds(ci.uid(), &p.name, p.nHeld(ci) > 0)
+		r.a.setHolds(ci, p.nHeld(ci) > 0)
 		ci.setUntrusted(nil)
 		ci.rewrite = false
 		if w.obj != nil {

@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -25,8 +24,10 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var b strings.Builder
-	for _, name := range slices.Sorted(maps.Keys(p.pods)) {
-		pi := p.pods[name]
+	pis := p.pods.Entries()
+	slices.SortFunc(pis, func(x, y *podInfo) int { return strings.Compare(x.name(), y.name()) })
+	for _, pi := range pis {
+		name := pi.name()
 		fmt.Fprintf(&b, "      pod %s %s@%s present=%v ready=%v mark=%q markRV=%d own=%v", name, pi.uid(), pi.rv, pi.present, pi.ready, pi.mark, pi.markRV, pi.markOwn)
 		if h := p.holderOf(pi); h != nil {
 			fmt.Fprintf(&b, " held-by=%s", h.name().Name)
@@ -45,7 +46,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 		}
 		b.WriteString("\n")
 	}
-	cis := slices.Collect(maps.Values(p.claims))
+	cis := p.claims.Entries()
 	slices.SortFunc(cis, compareNames)
 	for _, ci := range cis {
 		var held []string
@@ -53,7 +54,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 			held = append(held, pi.name())
 		}
 		fmt.Fprintf(&b, "      claim %s listed=%v gone=%v want=%d recRV=%d held=%v strays=%v released=%v recycling=%d\n",
-			ci.name().Name, ci.listed, ci.isGone(), ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling)
+			ci.name().Name, ci.listed, ci.isGone(), ci.want, ci.recRV, held, ci.strays(), ci.released(), ci.recycling())
 	}
 	return b.String()
 }

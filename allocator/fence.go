@@ -172,7 +172,7 @@ const (
 func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 	verified := read&podRead != 0
 	p := r.p
-	pi := p.pods[name]
+	pi := p.pods.Get(name)
 	if pi == nil || !pi.present {
 		// Never seen, or gone: not reserved for anyone. The pod listing
 		// may lag the record, though: the pod is read live, and held if
@@ -245,7 +245,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 
 // allocate records in the store and the pool that ci holds pod name.
 func (r *round) allocate(ci *claimInfo, name string) bool {
-	if pi := r.p.pods[name]; pi != nil {
+	if pi := r.p.pods.Get(name); pi != nil {
 		name = pi.name() // the pod's own string, not the record's copy
 	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
@@ -253,7 +253,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 		return false
 	}
 	r.hold(ci, name)
-	r.a.setHolds(ci.uid(), &r.p.name, true)
+	r.a.setHolds(ci, true)
 	// It may now hold more than it wants: planned again.
 	r.p.dirty[ci] = struct{}{}
 	return true
@@ -267,7 +267,7 @@ func (r *round) drop(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	r.unhold(ci, pi, 0)
-	r.a.setHolds(ci.uid(), &r.p.name, r.p.nHeld(ci) > 0)
+	r.a.setHolds(ci, r.p.nHeld(ci) > 0)
 	r.p.dirty[ci] = struct{}{}
 }
 
@@ -323,7 +323,7 @@ func (r *round) endSettle(pi *podInfo) {
 func (r *round) setStrays(ci *claimInfo, names []string) {
 	p := r.p
 	for _, name := range ci.strays() {
-		if pi := p.pods[name]; pi != nil {
+		if pi := p.pods.Get(name); pi != nil {
 			pi.strays--
 			r.maybeForget(pi)
 		}
@@ -358,7 +358,7 @@ func (r *round) removeStray(ci *claimInfo, name string) {
 // maybeForget drops the entry of a pod that is neither listed nor needed.
 func (r *round) maybeForget(pi *podInfo) {
 	p := r.p
-	if p.pods[pi.name()] != pi {
+	if p.pods.Get(pi.name()) != pi {
 		return
 	}
 	if pi.present || pi.reservedBy() != nil || pi.settling() != nil || pi.strays > 0 || p.holderOf(pi) != nil {
@@ -385,7 +385,7 @@ func (r *round) pruneTombs() {
 
 // dropPod removes pi's entry; a newer pod waiting under the name takes it.
 func (p *pool) dropPod(pi *podInfo) {
-	if p.pods[pi.name()] != pi {
+	if p.pods.Get(pi.name()) != pi {
 		return
 	}
 	pi.present = false
@@ -395,14 +395,14 @@ func (p *pool) dropPod(pi *podInfo) {
 		pi.setNextPod(nil)
 		next.waiting = false
 		next.strays = pi.strays
-		p.pods[next.name()] = next
+		p.pods.Set(next)
 		p.refreshFree(next)
 		if next.mark != "" {
 			p.promoted = append(p.promoted, next)
 		}
 		return
 	}
-	delete(p.pods, pi.name())
+	p.pods.Del(pi.name())
 }
 
 // verifyLater asks for pi to be read live before ci's record is decided
@@ -447,7 +447,7 @@ func (r *round) verifyPods() {
 				r.removeStray(ci, pi.name())
 			}
 		}
-		if now := r.p.pods[pi.name()]; now != nil {
+		if now := r.p.pods.Get(pi.name()); now != nil {
 			r.resolveMark(now)
 		}
 	}
@@ -508,7 +508,7 @@ func (r *round) findPods() {
 			if ci.uid() != h.UID || !slices.Contains(ci.strays(), name) || r.p.heldPod(ci, name) != nil {
 				continue
 			}
-			pi := r.p.pods[name]
+			pi := r.p.pods.Get(name)
 			if pi != nil && (pi.present || r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil || pi.uid() != "" && pi.uid() != pod.UID) {
 				continue // known here otherwise: left to the listing
 			}
@@ -529,7 +529,7 @@ func (r *round) findPods() {
 // does not hold the pod as far as the allocator knows.
 func (r *round) resolveMark(pi *podInfo) {
 	p := r.p
-	if !r.marks() || !pi.present || p.pods[pi.name()] != pi {
+	if !r.marks() || !pi.present || p.pods.Get(pi.name()) != pi {
 		return
 	}
 	if pi.mark == "" {
@@ -586,11 +586,11 @@ func (r *round) resolveMark(pi *podInfo) {
 	if e, ok := p.unmark[pi.name()]; ok && e.uid == h.UID {
 		return
 	}
-	ci := p.claims[h.UID]
+	ci := p.claims.Get(string(h.UID))
 	if ci == nil {
 		ci = &claimInfo{more: &claimMore{since: r.now}}
-		ci.setIdent(&p.name.Namespace, h.Claim.Name, h.UID) // parseMark: the pool's namespace
-		p.claims[ci.uid()] = ci
+		ci.setIdent(p, h.Claim.Name, h.UID) // parseMark: the pool's namespace
+		p.claims.Set(ci)
 		p.addClaim(ci)
 	}
 	if p.heldPod(ci, pi.name()) != nil {
@@ -653,7 +653,7 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 		// hold. A stray added later in the round is not in it, and the
 		// rule then waits for the next round.
 		r.strayIdx = make(map[string][]*claimInfo)
-		for _, ci := range r.p.claims {
+		for ci := range r.p.claims.All() {
 			for _, name := range ci.strays() {
 				r.strayIdx[name] = append(r.strayIdx[name], ci)
 			}
@@ -814,7 +814,7 @@ func (r *round) adoptIncarnations() {
 	p := r.p
 	for _, old := range r.incarnations {
 		next := old.nextPod()
-		if next == nil || !next.present || old.present || p.pods[old.name()] != old {
+		if next == nil || !next.present || old.present || p.pods.Get(old.name()) != old {
 			continue
 		}
 		ci := p.holderOf(old)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // checkInvariants checks that every pool's state is consistent with itself
@@ -47,7 +45,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 	}
 	for i, c := range p.free {
-		pi := p.pods[c.Name]
+		pi := p.pods.Get(c.Name)
 		switch {
 		case pi == nil:
 			bad("free[%d] %s has no entry", i, c.Name)
@@ -59,7 +57,10 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	}
 	held := 0
 	strays := make(map[string]int)
-	for _, ci := range p.claims {
+	for ci := range p.claims.All() {
+		if p.claims.Get(claimUID(ci)) != ci {
+			bad("entry of claim %s is not found under its UID", ci.name())
+		}
 		names, err := a.cfg.store.Held(p.name, ci.uid())
 		if err != nil {
 			bad("store: held of claim %s: %v", ci.name(), err)
@@ -70,7 +71,7 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		recycling := 0
 		for _, name := range names {
 			held++
-			pi := p.pods[name]
+			pi := p.pods.Get(name)
 			if pi == nil {
 				bad("pod %s held by claim %s in the store has no entry", name, ci.name())
 				continue
@@ -79,8 +80,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 				recycling++
 			}
 		}
-		if int32(recycling) != ci.recycling {
-			bad("claim %s counts %d pods recycling, %d are", ci.name(), ci.recycling, recycling)
+		if int32(recycling) != ci.recycling() {
+			bad("claim %s counts %d pods recycling, %d are", ci.name(), ci.recycling(), recycling)
 		}
 		for _, name := range ci.strays() {
 			strays[name]++
@@ -88,10 +89,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if ci.listed && !ci.since().IsZero() {
 			bad("claim %s is listed and missing since %v", ci.name(), ci.since())
 		}
-		switch ci.ver.(type) {
-		case nil, *claimMeta, client.Object, settledVer:
-		default:
-			bad("claim %s keeps a version of type %T", ci.name(), ci.ver)
+		if m := ci.ver; m != nil && m != settledVer && (m.obj == nil) == (m.kind == nil) {
+			bad("claim %s keeps a version with object %v and kind %v", ci.name(), m.obj != nil, m.kind != nil)
 		}
 		if ci.idx < 0 || int(ci.idx) >= len(p.claimSeen) || p.claimSeen[ci.idx].v != ci {
 			bad("claim %s is not at its place %d in claimSeen", ci.name(), ci.idx)
@@ -104,13 +103,14 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		bad("the pool's claims hold %d pods, the store %d", held, len(snap))
 	}
 	for name, h := range snap {
-		if p.claims[h.UID] == nil {
+		if p.claims.Get(string(h.UID)) == nil {
 			bad("pod %s is held by %s in the store, a claim the pool does not know", name, h)
 		}
 	}
-	for name, pi := range p.pods {
-		if pi.name() != name {
-			bad("entry %s is for pod %s", name, pi.name())
+	for pi := range p.pods.All() {
+		name := pi.name()
+		if p.pods.Get(name) != pi {
+			bad("entry of pod %s is not found under its name", name)
 		}
 		if (pi.freeIdx >= 0) != p.candidate(pi) {
 			bad("pod %s: in the free list %t, candidate %t", name, pi.freeIdx >= 0, p.candidate(pi))
@@ -164,16 +164,16 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	// The dense arrays hold exactly the entries and their next pods (scan
 	// relies on it).
 	nexts := 0
-	for _, pi := range p.pods {
+	for pi := range p.pods.All() {
 		if pi.nextPod() != nil {
 			nexts++
 		}
 	}
-	if len(p.podSeen) != len(p.pods)+nexts {
-		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), len(p.pods), nexts)
+	if len(p.podSeen) != p.pods.Len()+nexts {
+		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), p.pods.Len(), nexts)
 	}
-	if len(p.claimSeen) != len(p.claims) {
-		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), len(p.claims))
+	if len(p.claimSeen) != p.claims.Len() {
+		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), p.claims.Len())
 	}
 	starting := 0
 	for i, s := range p.podSeen {
@@ -191,22 +191,22 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		bad("%d pods are starting, the pool counts %d", starting, p.nStarting)
 	}
 	for name, pi := range p.reserved {
-		if p.pods[name] != pi || pi.reservedBy() == nil {
+		if p.pods.Get(name) != pi || pi.reservedBy() == nil {
 			bad("reserved pod %s is not reserved", name)
 		}
 	}
 	for name, pi := range p.settling {
-		if p.pods[name] != pi || pi.settling() == nil {
+		if p.pods.Get(name) != pi || pi.settling() == nil {
 			bad("settling pod %s is not settling", name)
 		}
 	}
 	for name, pi := range p.recycling {
-		if p.pods[name] != pi {
+		if p.pods.Get(name) != pi {
 			bad("recycling pod %s has no entry", name)
 		}
 	}
 	for name := range strays {
-		if p.pods[name] == nil {
+		if p.pods.Get(name) == nil {
 			bad("stray entry %s has no pod entry", name)
 		}
 	}

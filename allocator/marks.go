@@ -25,7 +25,7 @@ import (
 // not one per pod kept from the listing.
 func (p *pool) markString(v string) string {
 	if h, ok := parseMark(p.name, v); ok {
-		if ci := p.claims[h.UID]; ci != nil && ci.key == v {
+		if ci := p.claims.Get(string(h.UID)); ci != nil && ci.key == v {
 			return ci.key
 		}
 	}
@@ -92,7 +92,7 @@ func (r *round) markHeld() {
 	}
 	var jobs []*markJob
 	for name, uid := range r.p.tomark {
-		pi := r.p.pods[name]
+		pi := r.p.pods.Get(name)
 		holder := r.p.holderOf(pi)
 		if pi == nil || !pi.present || holder == nil || holder.uid() != uid || pi.mark != "" && !r.p.overruled(pi, holder) {
 			delete(r.p.tomark, name)
@@ -158,7 +158,7 @@ func (r *round) markPods(writes []*write) {
 	var jobs []*markJob
 	for _, w := range writes {
 		for _, name := range w.add {
-			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods[name], value: w.ci.key})
+			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods.Get(name), value: w.ci.key})
 		}
 	}
 	r.parallel(len(jobs), func(i int) {
@@ -195,7 +195,7 @@ func (r *round) unmarkPods() {
 	var jobs []*markJob
 	var again []*podInfo
 	for name, e := range r.p.unmark {
-		pi := r.p.pods[name]
+		pi := r.p.pods.Get(name)
 		if pi == nil || !pi.present || pi.mark == "" || pi.markUID(r.p.name) != e.uid ||
 			r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil {
 			delete(r.p.unmark, name)

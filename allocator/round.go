@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/internal/index"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -156,8 +157,8 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: in.Pods}
 
-	if len(p.pods) == 0 && len(in.Pods) > 0 {
-		p.pods = make(map[string]*podInfo, len(in.Pods))
+	if p.pods.Len() == 0 && len(in.Pods) > 0 {
+		p.pods = index.New((*podInfo).name, len(in.Pods))
 		p.podSeen = slices.Grow(p.podSeen, len(in.Pods))
 	}
 	pods, claims, err := r.scan(in.Pods, in.Claims, checked)
@@ -169,7 +170,7 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 	}
 	var gone []*podInfo
 	for _, s := range p.podSeen {
-		if s.seen != p.gen && p.pods[s.v.name()] == s.v {
+		if s.seen != p.gen && p.pods.Get(s.v.name()) == s.v {
 			gone = append(gone, s.v)
 		}
 	}
@@ -228,7 +229,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 		r.observePod(pod)
 	}
 	for _, name := range ch.DeletedPods {
-		if pi := p.pods[name]; pi != nil {
+		if pi := p.pods.Get(name); pi != nil {
 			r.podGone(name, pi)
 		}
 	}
@@ -240,7 +241,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 		}
 	}
 	for _, uid := range ch.DeletedClaims {
-		if ci := p.claims[uid]; ci != nil {
+		if ci := p.claims.Get(string(uid)); ci != nil {
 			r.claimGone(ci)
 		}
 	}
@@ -299,8 +300,8 @@ func (r *round) settle() {
 			if p.nHeld(ci) == 0 && !r.hasReservations(ci) {
 				delete(p.dirty, ci)
 				r.setStrays(ci, nil)
-				if p.claims[ci.uid()] == ci {
-					delete(p.claims, ci.uid())
+				if p.claims.Get(string(ci.uid())) == ci {
+					p.claims.Del(string(ci.uid()))
 					p.removeClaim(ci)
 					p.forget(ci)
 				}
@@ -329,7 +330,7 @@ func (r *round) settle() {
 // settled reports whether a listed claim needs nothing from the next round
 // unless something about it changes.
 func (r *round) settled(ci *claimInfo) bool {
-	if ci.recycling > 0 || ci.rewrite || r.hasReservations(ci) {
+	if ci.recycling() > 0 || ci.rewrite || r.hasReservations(ci) {
 		return false
 	}
 	n := r.p.nHeld(ci)
@@ -464,7 +465,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			// chunk up in one short loop, then touching the entries
 			// found, lets their cache misses overlap.
 			for j := range chunk {
-				pfound[j] = p.pods[pheads[j].name]
+				pfound[j] = p.pods.Get(pheads[j].name)
 			}
 			r.warmed += warm(pfound[:len(chunk)], p.podSeen)
 		}
@@ -486,7 +487,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 				h.count(pi != nil)
 			}
 			if pi == nil {
-				if pi = p.pods[hd.name]; pi != nil {
+				if pi = p.pods.Get(hd.name); pi != nil {
 					st = p.podSeen.at(pi)
 				}
 			}
@@ -536,7 +537,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 		batched := h.off()
 		if batched {
 			for j := range chunk {
-				cfound[j] = p.claims[cheads[j].uid]
+				cfound[j] = p.claims.Get(string(cheads[j].uid))
 			}
 			r.warmed += warm(cfound[:len(chunk)], p.claimSeen)
 		}
@@ -560,7 +561,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 				h.count(ci != nil)
 			}
 			if ci == nil {
-				if ci = p.claims[hd.uid]; ci != nil {
+				if ci = p.claims.Get(string(hd.uid)); ci != nil {
 					st = p.claimSeen.at(ci)
 				}
 			}
@@ -673,7 +674,7 @@ func (r *round) setProto(claims []Claim) {
 // not change costs a map lookup.
 func (r *round) observePod(pod *corev1.Pod) {
 	p := r.p
-	pi := p.pods[pod.Name]
+	pi := p.pods.Get(pod.Name)
 	if pi == nil {
 		if t, ok := p.tombs[pod.Name]; ok {
 			if t.uid == pod.UID && rvNum(pod.ResourceVersion) < t.rv {
@@ -686,7 +687,7 @@ func (r *round) observePod(pod *corev1.Pod) {
 			delete(p.tombs, pod.Name)
 		}
 		pi = newPodInfo(pod.Name, pod.UID)
-		p.pods[pi.name()] = pi
+		p.pods.Set(pi)
 		p.addPod(pi)
 	} else if pi.uid() != pod.UID && pod.UID != "" {
 		if next := pi.nextPod(); (next == nil || next.uid() != pod.UID) && olderPod(pod, pi) {
@@ -803,7 +804,7 @@ func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 		if old.freeIdx >= 0 {
 			p.refreshFree(old)
 		}
-		p.pods[pi.name()] = pi
+		p.pods.Set(pi)
 		p.addPod(pi)
 		p.removePod(old)
 		if next := old.nextPod(); next != nil {
@@ -900,7 +901,7 @@ func (r *round) recover(claims []Claim) error {
 	if err := a.cfg.store.DeletePool(p.name); err != nil {
 		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
 	}
-	for _, pi := range p.pods {
+	for pi := range p.pods.All() {
 		pi.recycling, pi.recycled = false, false
 		pi.reserve(nil, time.Time{})
 		pi.setSettle(nil)
@@ -911,14 +912,14 @@ func (r *round) recover(claims []Claim) error {
 	p.dirty = make(map[*claimInfo]struct{}, len(all))
 	clear(p.reserved)
 	clear(p.settling)
-	p.claims = make(map[types.UID]*claimInfo, len(all))
+	p.claims = index.New(claimUID, len(all))
 	for _, s := range p.claimSeen {
 		s.v.idx = -1
 	}
 	clear(p.claimSeen)
 	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
 	for _, f := range all {
-		p.claims[f.ci.uid()] = f.ci
+		p.claims.Set(f.ci)
 		p.addClaim(f.ci)
 		p.dirty[f.ci] = struct{}{}
 		p.seeClaim(f.ci)
@@ -928,7 +929,7 @@ func (r *round) recover(claims []Claim) error {
 		for _, f := range all {
 			r.takeIn(f.ci, f.rec, rvNum(f.ci.objRV()))
 		}
-		for _, pi := range p.pods {
+		for _, pi := range p.pods.Entries() { // resolveMark may change p.pods
 			pi.mark = p.markString(pi.mark) // the claims are in now
 			r.resolveMark(pi)
 		}
@@ -953,7 +954,7 @@ func (r *round) recover(claims []Claim) error {
 			continue
 		}
 		for i, name := range f.held {
-			if pi := p.pods[name]; pi != nil {
+			if pi := p.pods.Get(name); pi != nil {
 				f.held[i] = pi.name() // the pod's own string, not the record's copy
 			}
 		}
@@ -963,7 +964,7 @@ func (r *round) recover(claims []Claim) error {
 		for _, pod := range f.held {
 			r.hold(f.ci, pod)
 		}
-		a.setHolds(f.ci.uid(), &p.name, true)
+		a.setHolds(f.ci, true)
 	}
 	p.recovered = true
 	return nil
@@ -978,7 +979,7 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 		created:     unixNanos(o.GetCreationTimestamp().Time),
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
-	ci.setIdent(&r.p.name.Namespace, o.GetName(), o.GetUID())
+	ci.setIdent(r.p, o.GetName(), o.GetUID())
 	r.p.setObj(ci, o, r.a.cfg)
 	ci.addRV(o.GetResourceVersion())
 	return ci
@@ -987,10 +988,10 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 // podOrNew returns the pod's entry, creating an absent one for a pod named
 // by a record but missing from the listing.
 func (p *pool) podOrNew(name string) *podInfo {
-	pi := p.pods[name]
+	pi := p.pods.Get(name)
 	if pi == nil {
 		pi = newPodInfo(name, "")
-		p.pods[pi.name()] = pi
+		p.pods.Set(pi)
 		p.addPod(pi)
 	}
 	return pi
@@ -1005,7 +1006,7 @@ func (r *round) hold(ci *claimInfo, pod string) {
 // heldPod returns the pod ci holds under name, nil if it holds none. The
 // pods a claim holds are the entries of pods whose holder it is.
 func (p *pool) heldPod(ci *claimInfo, name string) *podInfo {
-	if pi := p.pods[name]; pi != nil && p.holderOf(pi) == ci {
+	if pi := p.pods.Get(name); pi != nil && p.holderOf(pi) == ci {
 		return pi
 	}
 	return nil
@@ -1023,7 +1024,7 @@ func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
 	}
 	if pi.recycling {
 		pi.recycling, pi.recycled = false, false
-		ci.recycling--
+		ci.addRecycling(-1)
 		delete(r.p.recycling, pi.name())
 	}
 	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid() {
@@ -1043,7 +1044,7 @@ func (r *round) observeClaim(c Claim) error {
 	p := r.p
 	o := c.Object
 	uid, rv := o.GetUID(), o.GetResourceVersion()
-	ci := p.claims[uid]
+	ci := p.claims.Get(string(uid))
 	switch {
 	case ci == nil && rvNum(rv) < p.forgotten[uid]:
 		// A stale copy of a claim that left the pool: nothing to learn.
@@ -1056,7 +1057,7 @@ func (r *round) observeClaim(c Claim) error {
 		}
 		ci.setRelease(rec.Release)
 		ci.setReleased(rec.Released)
-		p.claims[ci.uid()] = ci
+		p.claims.Set(ci)
 		p.addClaim(ci)
 		p.dirty[ci] = struct{}{}
 		ci.listed = true
@@ -1134,7 +1135,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 			inRecord++
 			continue
 		}
-		if pi := r.p.pods[pod]; pi != nil && pi.reservedBy() == ci {
+		if pi := r.p.pods.Get(pod); pi != nil && pi.reservedBy() == ci {
 			continue // settled by settleReservations
 		}
 		if other, ok := r.a.heldElsewhere(ci.uid(), r.p.name); ok {
@@ -1187,7 +1188,7 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 	}
 	n := 0
 	for _, name := range ci.strays() {
-		pi := r.p.pods[name]
+		pi := r.p.pods.Get(name)
 		if pi != nil && !pi.present {
 			pi = pi.nextPod()
 		}
@@ -1295,7 +1296,7 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 		for _, n := range names {
 			r.hold(ci, n)
 		}
-		r.a.setHolds(ci.uid(), &r.p.name, true)
+		r.a.setHolds(ci, true)
 		return
 	}
 	for _, pi := range pods {
@@ -1342,7 +1343,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		want := int(ci.want)
 		n := p.nHeld(ci)
-		keep := n - int(ci.recycling)
+		keep := n - int(ci.recycling())
 		if r.a.cfg.openSandbox {
 			want = r.lifetimeWant(ci, keep)
 		}
@@ -1427,7 +1428,7 @@ func (r *round) plan() (algorithm.Action, error) {
 	}
 	requested := make(map[types.UID]*claimInfo, len(reqs))
 	for _, req := range reqs {
-		requested[req.UID] = p.claims[req.UID]
+		requested[req.UID] = p.claims.Get(string(req.UID))
 	}
 	slices.SortFunc(reqs, func(x, y algorithm.Request) int { return cmp.Compare(x.UID, y.UID) })
 	// The algorithm gets a copy of the free list: a strategy that sorts or
@@ -1462,7 +1463,7 @@ func (r *round) plan() (algorithm.Action, error) {
 // never below keep: a lower Want gives nothing back (plan then takes off
 // the pods the owner gives back in this round).
 func (r *round) lifetimeWant(ci *claimInfo, keep int) int {
-	used := keep + int(ci.recycling)
+	used := keep + int(ci.recycling())
 	seen := make(map[string]struct{}, len(ci.released()))
 	for _, pod := range ci.released() {
 		if _, dup := seen[pod]; dup || r.p.heldPod(ci, pod) != nil {
@@ -1591,7 +1592,7 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			return fmt.Errorf("allocation to claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
-			pi := r.p.pods[pod]
+			pi := r.p.pods.Get(pod)
 			if pi == nil || !r.p.candidate(pi) {
 				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
 			}
@@ -1628,14 +1629,14 @@ func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
 		return
 	}
 	pi.recycling = true
-	ci.recycling++
+	ci.addRecycling(1)
 	r.p.recycling[pi.name()] = pi
 	r.p.refreshFree(pi)
 }
 
 func (r *round) queueReleases(grants []algorithm.Grant) {
 	for _, g := range grants {
-		ci := r.p.claims[g.UID]
+		ci := r.p.claims.Get(string(g.UID))
 		for _, pod := range g.Pods {
 			r.startRecycling(ci, r.p.heldPod(ci, pod))
 		}

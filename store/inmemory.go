@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/poolalloc/poolalloc/internal/index"
 )
 
 // InMemory is an AllocationStore that keeps its index in memory.
@@ -78,29 +80,46 @@ type poolIndex struct {
 	// to its one Holder, shared by all its pods, instead of a Holder per
 	// pod (three string headers, 48 bytes). A pod that no claim holds has
 	// no entry. For every entry c of pod, pod is in c.pods and c is
-	// claims[c.holder.UID].
+	// claims[c.uid].
 	pods map[string]*claimPods
 
 	// claims is guarded by mu: claim UID → what the claim holds. An entry
 	// exists exactly while the claim holds at least one pod, and its pods
 	// are exactly the pods whose entry points to it.
-	claims map[types.UID]*claimPods
+	claims index.Index[*claimPods]
+
+	// ns is the pool's namespace.
+	ns string
 }
 
 // claimPods is what one claim holds in one pool. It is guarded by the mu
 // of the poolIndex whose claims map holds it.
 type claimPods struct {
-	// holder is the Holder every pod of the claim is recorded with.
-	holder Holder
+	// uid, ns and name are the Holder every pod of the claim is recorded
+	// with (see holder); ns points to the pool's namespace when the
+	// claim's is the same, as it is for the allocator's claims, so that
+	// the claim costs no string header for it.
+	uid  types.UID
+	ns   *string
+	name string
 	// pods are the names of the pods the claim holds, in no order; never
 	// empty while the claim is in its pool's claims.
 	pods []string
 }
 
-func newPoolIndex() *poolIndex {
+// claimUID is the key of claimPods in poolIndex.claims.
+func claimUID(c *claimPods) string { return string(c.uid) }
+
+// holder is the Holder the claim's pods are recorded with.
+func (c *claimPods) holder() Holder {
+	return Holder{UID: c.uid, Claim: types.NamespacedName{Namespace: *c.ns, Name: c.name}}
+}
+
+func newPoolIndex(pool types.NamespacedName) *poolIndex {
 	return &poolIndex{
+		ns:     pool.Namespace,
 		pods:   make(map[string]*claimPods),
-		claims: make(map[types.UID]*claimPods),
+		claims: index.New(claimUID, 0),
 	}
 }
 
@@ -165,7 +184,7 @@ func (s *InMemory) lookupOrCreate(pool types.NamespacedName) *poolIndex {
 	if s.pools == nil {
 		s.pools = make(map[types.NamespacedName]*poolIndex)
 	}
-	p := newPoolIndex()
+	p := newPoolIndex(pool)
 	s.pools[pool] = p
 	return p
 }
@@ -211,13 +230,18 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 // check runs before the conflict is reported: an invalid argument wins
 // over a held pod, as if the arguments had been checked first.
 func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string) error {
-	c, known := p.claims[h.UID]
-	if known && c.holder != h {
+	c := p.claims.Get(string(h.UID))
+	known := c != nil
+	if known && c.holder() != h {
 		return fmt.Errorf("pool %s: claim %s: %w: UID %s already holds pods in this pool as claim %s",
-			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder.Claim)
+			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder().Claim)
 	}
 	if !known {
-		c = &claimPods{holder: h, pods: make([]string, 0, len(pods))}
+		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name, pods: make([]string, 0, len(pods))}
+		if h.Claim.Namespace != p.ns {
+			ns := h.Claim.Namespace
+			c.ns = &ns
+		}
 	}
 	for i, pod := range pods {
 		if e, held := p.pods[pod]; held {
@@ -232,12 +256,12 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 			if dup, ok := firstDuplicate(pods); ok {
 				return errListedTwice(pool, dup)
 			}
-			return &HeldError{Pool: pool, Pod: pod, Holder: e.holder}
+			return &HeldError{Pool: pool, Pod: pod, Holder: e.holder()}
 		}
 		p.add(c, pod)
 	}
 	if !known {
-		p.claims[h.UID] = c
+		p.claims.Set(c)
 	}
 	return nil
 }
@@ -274,13 +298,14 @@ func (s *InMemory) Free(pool types.NamespacedName, uid types.UID, pods []string)
 // checked uid and the pod names for emptiness. It checks every pod before
 // it changes anything.
 func (p *poolIndex) free(pool types.NamespacedName, uid types.UID, pods []string) error {
-	c, known := p.claims[uid]
+	c := p.claims.Get(string(uid))
+	known := c != nil
 	for _, pod := range pods {
 		e, held := p.pods[pod]
 		if !known || !held || e != c {
 			var holder Holder
 			if held {
-				holder = e.holder
+				holder = e.holder()
 			}
 			return errNotHeldOrDuplicate(pool, uid, pods, pod, holder, held)
 		}
@@ -290,7 +315,7 @@ func (p *poolIndex) free(pool types.NamespacedName, uid types.UID, pods []string
 	}
 	p.removeAll(c, pods)
 	if len(c.pods) == 0 {
-		delete(p.claims, uid)
+		p.claims.Del(string(uid))
 	}
 	return nil
 }
@@ -308,7 +333,7 @@ func (s *InMemory) HolderOf(pool types.NamespacedName, pod string) (Holder, bool
 	if !ok {
 		return Holder{}, false, nil
 	}
-	return e.holder, true, nil
+	return e.holder(), true, nil
 }
 
 // Held returns the pods the claim with uid holds in pool, sorted. See
@@ -320,7 +345,8 @@ func (s *InMemory) Held(pool types.NamespacedName, uid types.UID) ([]string, err
 		return nil, nil
 	}
 	p.mu.RLock()
-	c, ok := p.claims[uid]
+	c := p.claims.Get(string(uid))
+	ok := c != nil
 	if !ok {
 		p.mu.RUnlock()
 		return nil, nil
@@ -340,7 +366,8 @@ func (s *InMemory) Count(pool types.NamespacedName, uid types.UID) (int, error) 
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	c, ok := p.claims[uid] // a dead index has no claims
+	c := p.claims.Get(string(uid)) // a dead index has no claims
+	ok := c != nil
 	if !ok {
 		return 0, nil
 	}
@@ -356,13 +383,13 @@ func (s *InMemory) Holders(pool types.NamespacedName) ([]Holder, error) {
 		return nil, nil
 	}
 	p.mu.RLock()
-	if len(p.claims) == 0 {
+	if p.claims.Len() == 0 {
 		p.mu.RUnlock()
 		return nil, nil
 	}
-	out := make([]Holder, 0, len(p.claims))
-	for _, c := range p.claims {
-		out = append(out, c.holder)
+	out := make([]Holder, 0, p.claims.Len())
+	for c := range p.claims.All() {
+		out = append(out, c.holder())
 	}
 	p.mu.RUnlock()
 	slices.SortFunc(out, compareHolders)
@@ -380,7 +407,7 @@ func (s *InMemory) Snapshot(pool types.NamespacedName) (map[string]Holder, error
 	defer p.mu.RUnlock()
 	out := make(map[string]Holder, len(p.pods)) // a dead index has no pods
 	for pod, e := range p.pods {
-		out[pod] = e.holder
+		out[pod] = e.holder()
 	}
 	return out, nil
 }
@@ -399,7 +426,7 @@ func (s *InMemory) DeletePool(pool types.NamespacedName) error {
 	p.mu.Lock()
 	p.dead = true
 	p.pods = nil
-	p.claims = nil
+	p.claims = index.Index[*claimPods]{}
 	p.mu.Unlock()
 	return nil
 }

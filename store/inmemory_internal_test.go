@@ -52,7 +52,7 @@ func TestReadDeadIndex(t *testing.T) {
 	require.NoError(t, s.DeletePool(pool))
 	require.True(t, p.dead)
 	require.Empty(t, p.pods)
-	require.Empty(t, p.claims)
+	require.Zero(t, p.claims.Len())
 	// A new Allocate does not reuse the dead index.
 	require.NoError(t, s.Allocate(pool, h, []string{"x"}))
 	require.NotSame(t, p, s.lookup(pool))
@@ -62,8 +62,8 @@ func TestReadDeadIndex(t *testing.T) {
 // holds p.mu.
 func (p *poolIndex) check() error {
 	if p.dead {
-		if p.pods != nil || p.claims != nil {
-			return fmt.Errorf("dead index keeps %d pods, %d claims", len(p.pods), len(p.claims))
+		if p.pods != nil || p.claims.Len() != 0 {
+			return fmt.Errorf("dead index keeps %d pods, %d claims", len(p.pods), p.claims.Len())
 		}
 		return nil
 	}
@@ -71,21 +71,21 @@ func (p *poolIndex) check() error {
 		if c == nil || !slices.Contains(c.pods, pod) {
 			return fmt.Errorf("pod %s: its claim does not list it", pod)
 		}
-		if p.claims[c.holder.UID] != c {
-			return fmt.Errorf("pod %s: its claim %s is not the pool's claim with that UID", pod, c.holder)
+		if p.claims.Get(string(c.uid)) != c {
+			return fmt.Errorf("pod %s: its claim %s is not the pool's claim with that UID", pod, c.holder())
 		}
 	}
 	n := 0
-	for uid, c := range p.claims {
-		if c.holder.UID != uid {
-			return fmt.Errorf("claim under UID %s is %s", uid, c.holder)
+	for c := range p.claims.All() {
+		if p.claims.Get(string(c.uid)) != c {
+			return fmt.Errorf("claim %s is not found under its UID", c.holder())
 		}
 		if len(c.pods) == 0 {
-			return fmt.Errorf("claim %s holds nothing but is listed", c.holder)
+			return fmt.Errorf("claim %s holds nothing but is listed", c.holder())
 		}
 		for _, pod := range c.pods {
 			if p.pods[pod] != c || countOf(c.pods, pod) != 1 {
-				return fmt.Errorf("claim %s lists pod %s, which is not recorded as its own or is listed twice", c.holder, pod)
+				return fmt.Errorf("claim %s lists pod %s, which is not recorded as its own or is listed twice", c.holder(), pod)
 			}
 		}
 		n += len(c.pods)
@@ -129,7 +129,7 @@ func TestInMemoryShrinksClaim(t *testing.T) {
 	require.NoError(t, s.Free(pool, h.UID, pods[10:]))
 	p := s.lookup(pool)
 	require.NoError(t, p.check())
-	c := p.claims[h.UID]
+	c := p.claims.Get(string(h.UID))
 	require.Len(t, c.pods, 10)
 	require.LessOrEqual(t, cap(c.pods), 64)
 	held, err := s.Held(pool, h.UID)
