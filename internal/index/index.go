@@ -14,19 +14,29 @@ import (
 // 40,000 or 50,000 entries that is 0.6 MiB against 1.7.
 //
 // It uses linear probing with deletion by backward shift (no tombstones)
-// and keeps at least one slot in eight empty. An Index with only Key set
-// is empty and ready to use. Iteration (All) must not run while the index
-// changes.
+// and keeps at least one slot in eight empty. Slots come in groups of
+// eight whose tags are stored next to their entries, so that a probe
+// reads one place in memory, as a Go map's does. An Index with only Key
+// set is empty and ready to use. Iteration (All) must not run while the
+// index changes.
 type Index[E comparable] struct {
 	// Key returns the key of an entry; it must not change while the
 	// entry is in the index.
 	Key  func(E) string
 	seed maphash.Seed
-	// slots holds the entries; tags[i] is 0 where slots[i] is empty, else
-	// 1 plus the low 7 bits of the key's hash.
-	slots []E
-	tags  []uint8
-	n     int
+	// groups hold the slots, slot i at groups[i/8] place i%8; mask is
+	// the number of slots less one (a power of two less one), n the
+	// number of entries.
+	groups []group[E]
+	mask   int
+	n      int
+}
+
+// group is eight slots: tags[j] is 0 where entries[j] is empty, else 1
+// plus the low 7 bits of the entry's key's hash.
+type group[E comparable] struct {
+	tags    [8]uint8
+	entries [8]E
 }
 
 // New returns an empty index keyed by key, sized for n entries.
@@ -41,23 +51,32 @@ func New[E comparable](key func(E) string, n int) Index[E] {
 	return x
 }
 
-// resize rehashes what the index holds into size slots, a power of two.
+// size is the number of slots.
+func (x *Index[E]) size() int { return len(x.groups) * 8 }
+
+func (x *Index[E]) tag(i int) *uint8 { return &x.groups[i>>3].tags[i&7] }
+func (x *Index[E]) entry(i int) *E   { return &x.groups[i>>3].entries[i&7] }
+
+// resize rehashes what the index holds into size slots, a power of two
+// of at least 8.
 func (x *Index[E]) resize(size int) {
 	if x.seed == (maphash.Seed{}) {
 		x.seed = maphash.MakeSeed()
 	}
-	old, oldTags := x.slots, x.tags
-	x.slots, x.tags, x.n = make([]E, size), make([]uint8, size), 0
-	for i, t := range oldTags {
-		if t != 0 {
-			x.put(old[i])
+	old := x.groups
+	x.groups, x.mask, x.n = make([]group[E], size/8), size-1, 0
+	for g := range old {
+		for j, t := range old[g].tags {
+			if t != 0 {
+				x.put(old[g].entries[j])
+			}
 		}
 	}
 }
 
 func (x *Index[E]) hash(k string) (start int, tag uint8) {
 	h := maphash.String(x.seed, k)
-	return int(h>>7) & (len(x.slots) - 1), uint8(h&0x7f) + 1
+	return int(h>>7) & x.mask, uint8(h&0x7f) + 1
 }
 
 // Get returns the entry with key k, or the zero E.
@@ -66,46 +85,46 @@ func (x *Index[E]) Get(k string) E {
 	if x.n == 0 {
 		return zero
 	}
-	mask := len(x.slots) - 1
 	i, tag := x.hash(k)
 	for {
-		switch t := x.tags[i]; {
+		g := &x.groups[i>>3]
+		switch t := g.tags[i&7]; {
 		case t == 0:
 			return zero
-		case t == tag && x.Key(x.slots[i]) == k:
-			return x.slots[i]
+		case t == tag && x.Key(g.entries[i&7]) == k:
+			return g.entries[i&7]
 		}
-		i = (i + 1) & mask
+		i = (i + 1) & x.mask
 	}
 }
 
 // Set puts e in the index, in place of the entry with its key if any.
 func (x *Index[E]) Set(e E) {
 	switch {
-	case len(x.slots) == 0:
+	case len(x.groups) == 0:
 		x.resize(8)
-	case x.n+1 > len(x.slots)-len(x.slots)/8:
-		x.resize(2 * len(x.slots))
+	case x.n+1 > x.size()-x.size()/8:
+		x.resize(2 * x.size())
 	}
 	x.put(e)
 }
 
-// put is set without the check for room.
+// put is Set without the check for room.
 func (x *Index[E]) put(e E) {
 	k := x.Key(e)
-	mask := len(x.slots) - 1
 	i, tag := x.hash(k)
 	for {
-		switch t := x.tags[i]; {
-		case t == 0:
-			x.slots[i], x.tags[i] = e, tag
+		t := x.tag(i)
+		switch {
+		case *t == 0:
+			*t, *x.entry(i) = tag, e
 			x.n++
 			return
-		case t == tag && x.Key(x.slots[i]) == k:
-			x.slots[i] = e
+		case *t == tag && x.Key(*x.entry(i)) == k:
+			*x.entry(i) = e
 			return
 		}
-		i = (i + 1) & mask
+		i = (i + 1) & x.mask
 	}
 }
 
@@ -114,31 +133,30 @@ func (x *Index[E]) Del(k string) {
 	if x.n == 0 {
 		return
 	}
-	mask := len(x.slots) - 1
 	i, tag := x.hash(k)
 	for {
-		t := x.tags[i]
+		t := *x.tag(i)
 		if t == 0 {
 			return
 		}
-		if t == tag && x.Key(x.slots[i]) == k {
+		if t == tag && x.Key(*x.entry(i)) == k {
 			break
 		}
-		i = (i + 1) & mask
+		i = (i + 1) & x.mask
 	}
 	// Shift back the entries after i that probed past it, so that every
 	// entry stays reachable from its home slot without gaps.
 	var zero E
-	for j := (i + 1) & mask; x.tags[j] != 0; j = (j + 1) & mask {
-		home, _ := x.hash(x.Key(x.slots[j]))
+	for j := (i + 1) & x.mask; *x.tag(j) != 0; j = (j + 1) & x.mask {
+		home, _ := x.hash(x.Key(*x.entry(j)))
 		// The entry at j may move to i when i lies on its probe path:
 		// cyclically in [home, j).
-		if (j-home)&mask >= (j-i)&mask {
-			x.slots[i], x.tags[i] = x.slots[j], x.tags[j]
+		if (j-home)&x.mask >= (j-i)&x.mask {
+			*x.tag(i), *x.entry(i) = *x.tag(j), *x.entry(j)
 			i = j
 		}
 	}
-	x.slots[i], x.tags[i] = zero, 0
+	*x.tag(i), *x.entry(i) = 0, zero
 	x.n--
 }
 
@@ -148,9 +166,11 @@ func (x *Index[E]) Len() int { return x.n }
 // All yields every entry, in no fixed order.
 func (x *Index[E]) All() iter.Seq[E] {
 	return func(yield func(E) bool) {
-		for i, t := range x.tags {
-			if t != 0 && !yield(x.slots[i]) {
-				return
+		for g := range x.groups {
+			for j, t := range x.groups[g].tags {
+				if t != 0 && !yield(x.groups[g].entries[j]) {
+					return
+				}
 			}
 		}
 	}

@@ -59,8 +59,8 @@ func TestIsAMap(t *testing.T) {
 						t.Fatalf("get %s: %v, want %v", k, x.Get(k), model[k])
 					}
 				}
-				if free := len(x.slots) - x.n; len(x.slots) > 0 && free < len(x.slots)/8 {
-					t.Fatalf("%d entries in %d slots", x.n, len(x.slots))
+				if free := x.size() - x.n; x.size() > 0 && free < x.size()/8 {
+					t.Fatalf("%d entries in %d slots", x.n, x.size())
 				}
 			},
 		})
