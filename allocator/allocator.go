@@ -104,6 +104,9 @@ type Result struct {
 	Idle []string
 	// IdleCount is the number of idle pods.
 	IdleCount int
+	// Held is the number of pods claims hold, those being recycled and
+	// lost included.
+	Held int
 	// Starting is the number of the pool's pods that are not ready yet and
 	// may still become idle: listed, not terminating, not Succeeded or
 	// Failed, and held, marked, reserved or recycled for no claim. A
@@ -124,6 +127,10 @@ type Result struct {
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
 	Shortfall int
+
+	// reported is set once the round filled the fields that describe the
+	// pool (WithMetrics sets its gauges from them only then).
+	reported bool
 }
 
 // Allocator hands out the pods of pools to claims and records every
@@ -291,6 +298,9 @@ func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
 	if err := a.cfg.store.DeletePool(name); err != nil {
 		return fmt.Errorf("pool %s: forget: %w", name, storeErr(err))
 	}
+	if m := a.cfg.metrics; m != nil {
+		m.forget(name)
+	}
 	a.mu.Lock()
 	delete(a.pools, name)
 	a.mu.Unlock()
@@ -381,6 +391,9 @@ type pool struct {
 	free []algorithm.Candidate
 	// nStarting counts the pods with podInfo.starting set.
 	nStarting int
+	// nHeldPods counts the pods the store says the pool's claims hold
+	// (round.hold and round.unhold follow every change of the store).
+	nHeldPods int
 	// arrivals is the next claimInfo.arrival; arrived are the claims
 	// added since orderArrivals last ran.
 	arrivals uint32
@@ -949,6 +962,24 @@ type claimMore struct {
 	gone bool
 	// recycling counts the held pods being recycled.
 	recycling int32
+	// waitSince is when the claim began to want more than it holds, with
+	// WithMetrics (poolalloc_time_to_serve_seconds); zero while it holds
+	// all it wants.
+	waitSince time.Time
+}
+
+func (c *claimInfo) waitSince() time.Time {
+	if c.more == nil {
+		return time.Time{}
+	}
+	return c.more.waitSince
+}
+
+func (c *claimInfo) setWaitSince(t time.Time) {
+	if c.more != nil || !t.IsZero() {
+		c.edit().waitSince = t
+		c.tidy()
+	}
 }
 
 // recycling is how many of the pods the claim holds are being recycled.
@@ -1018,7 +1049,7 @@ func (c *claimInfo) edit() *claimMore {
 
 func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
-		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone && m.recycling == 0 {
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone && m.recycling == 0 && m.waitSince.IsZero() {
 		c.more = nil
 	}
 }

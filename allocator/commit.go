@@ -730,6 +730,7 @@ func (r *round) apply(w *write) {
 			}
 			if len(w.add) > 0 {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: slices.Clone(w.add)})
+				r.noteServed(ci)
 			}
 		}
 		r.a.setHolds(ci, p.nHeld(ci) > 0)
@@ -745,7 +746,7 @@ func (r *round) apply(w *write) {
 // the free list and the recycling and lost sets, not the whole pool.
 func (r *round) report() {
 	res, p := r.res, r.p
-	res.IdleCount, res.Idle, res.Starting = len(p.free), nil, p.nStarting
+	res.IdleCount, res.Idle, res.Starting, res.Held, res.reported = len(p.free), nil, p.nStarting, p.nHeldPods, true
 	if r.listIdle {
 		res.Idle = make([]string, len(p.free))
 		for i, c := range p.free {

@@ -101,6 +101,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		bad("store: snapshot: %v", err)
 	} else if len(snap) != held {
 		bad("the pool's claims hold %d pods, the store %d", held, len(snap))
+	} else if p.nHeldPods != held {
+		bad("the pool counts %d held pods, the store holds %d", p.nHeldPods, held)
 	}
 	for name, h := range snap {
 		if p.claims.Get(string(h.UID)) == nil {

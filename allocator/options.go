@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -109,6 +111,14 @@ func PodReady(p *corev1.Pod) bool {
 const ZoneLabel = corev1.LabelTopologyZone
 
 type config struct {
+	// metrics are WithMetrics's collectors, nil without it; metricsReg
+	// and metricsCfg what WithMetrics was given.
+	metrics    *metrics
+	metricsReg prometheus.Registerer
+	metricsCfg metricsConfig
+	// events records WithEvents's events, nil without it.
+	events *eventSink
+
 	client      client.Client
 	markKey     string
 	marksOff    bool
@@ -452,6 +462,13 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 	cfg.podReader = cfg.apiReader
 	if cfg.podReader == nil && c != nil {
 		cfg.podReader = c
+	}
+	if cfg.metricsReg != nil {
+		m, err := newMetrics(cfg.metricsReg, cfg.metricsCfg)
+		if err != nil {
+			return nil, err
+		}
+		cfg.metrics = m
 	}
 	return cfg, nil
 }

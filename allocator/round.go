@@ -97,6 +97,14 @@ func (a *defaultAllocator) logged(ctx context.Context, kind string, pool types.N
 	}
 	start := a.cfg.clock.Now()
 	res, err := run()
+	if m := a.cfg.metrics; m != nil {
+		m.observe(kind, pool, res, err, a.cfg.clock.Since(start))
+	}
+	if s := a.cfg.events; s != nil {
+		if ref, rerr := a.claimRefOf(); rerr == nil {
+			s.record(a.cfg.clock, ref, res, err)
+		}
+	}
 	log := logr.FromContextOrDiscard(ctx)
 	if !log.V(2).Enabled() {
 		return res, err // no logger, or a quiet one: nothing to build
@@ -901,6 +909,7 @@ func (r *round) recover(claims []Claim) error {
 	if err := a.cfg.store.DeletePool(p.name); err != nil {
 		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
 	}
+	p.nHeldPods = 0
 	for pi := range p.pods.All() {
 		pi.recycling, pi.recycled = false, false
 		pi.reserve(nil, time.Time{})
@@ -980,6 +989,15 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
 	ci.setIdent(r.p, o.GetName(), o.GetUID())
+	if r.a.cfg.metrics != nil && c.Want > 0 && !ci.terminating {
+		// Waiting since its creation, until plan finds it holds all it
+		// wants (a claim recovered with its pods, say).
+		since := ci.createdAt()
+		if since.IsZero() || since.After(r.now) {
+			since = r.now
+		}
+		ci.setWaitSince(since)
+	}
 	r.p.setObj(ci, o, r.a.cfg)
 	ci.addRV(o.GetResourceVersion())
 	return ci
@@ -1000,6 +1018,7 @@ func (p *pool) podOrNew(name string) *podInfo {
 // hold brings the pool in line with the store, which now says that ci
 // holds pod: the pod has an entry, out of the free list.
 func (r *round) hold(ci *claimInfo, pod string) {
+	r.p.nHeldPods++
 	r.p.refreshFree(r.p.podOrNew(pod))
 }
 
@@ -1016,6 +1035,7 @@ func (p *pool) heldPod(ci *claimInfo, name string) *podInfo {
 // ci holds pi (the pool's entry of a pod ci held). With pod marks, a fence
 // other than 0 queues the removal of the pod's mark (see unmarkEntry).
 func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
+	r.p.nHeldPods--
 	if pi == nil {
 		return
 	}
@@ -1332,6 +1352,45 @@ func (r *round) claimErr(ci *claimInfo, err error) error {
 // (Result.Warnings).
 func (r *round) warn(err error) { r.res.Warnings = append(r.res.Warnings, err) }
 
+// wantNow is how many pods ci wants, keep of them held and not being
+// recycled: its Want, bounded over its lifetime with WithOpenSandbox, none
+// once it is being deleted.
+func (r *round) wantNow(ci *claimInfo, keep int) int {
+	switch {
+	case ci.terminating:
+		return 0
+	case r.a.cfg.openSandbox:
+		return r.lifetimeWant(ci, keep)
+	}
+	return int(ci.want)
+}
+
+// noteWaiting keeps, with WithMetrics, when ci began to want more than the
+// keep pods it holds (the round's time when its want rose).
+func (r *round) noteWaiting(ci *claimInfo, keep, want int) {
+	switch {
+	case r.a.cfg.metrics == nil:
+	case keep >= want:
+		ci.setWaitSince(time.Time{})
+	case ci.waitSince().IsZero():
+		ci.setWaitSince(r.now)
+	}
+}
+
+// noteServed records, with WithMetrics, how long ci waited once a hand-out
+// made it hold all it wants.
+func (r *round) noteServed(ci *claimInfo) {
+	m := r.a.cfg.metrics
+	if m == nil || ci.waitSince().IsZero() {
+		return
+	}
+	keep := r.p.nHeld(ci) - int(ci.recycling())
+	if keep >= r.wantNow(ci, keep) {
+		m.served(r.p.name, r.a.cfg.clock.Since(ci.waitSince()))
+		ci.setWaitSince(time.Time{})
+	}
+}
+
 // plan builds the requests of claims whose holdings may change and asks the
 // algorithm. The action is checked before anything is committed.
 func (r *round) plan() (algorithm.Action, error) {
@@ -1341,15 +1400,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		if !ci.listed {
 			continue
 		}
-		want := int(ci.want)
 		n := p.nHeld(ci)
 		keep := n - int(ci.recycling())
-		if r.a.cfg.openSandbox {
-			want = r.lifetimeWant(ci, keep)
-		}
-		if ci.terminating {
-			want = 0
-		}
+		want := r.wantNow(ci, keep)
+		r.noteWaiting(ci, keep, want)
 		// Pods reserved for the claim by a write of unknown outcome (or
 		// another allocator's hand-out) may be its own: they count against
 		// what it wants beyond what it holds, and the next write of its
@@ -1630,6 +1684,9 @@ func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
 	}
 	pi.recycling = true
 	ci.addRecycling(1)
+	if m := r.a.cfg.metrics; m != nil {
+		m.recycledPods(r.p.name, 1)
+	}
 	r.p.recycling[pi.name()] = pi
 	r.p.refreshFree(pi)
 }
