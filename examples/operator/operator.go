@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -85,6 +87,11 @@ type Options struct {
 	// MaxConcurrentReconciles is how many pools are reconciled at once
 	// (rounds of different pools run in parallel); default 2.
 	MaxConcurrentReconciles int
+	// Metrics is where the allocator's metrics are registered; default
+	// controller-runtime's metrics.Registry, which the manager's metrics
+	// endpoint serves. A process that sets up more than one operator (a
+	// test) gives each its own.
+	Metrics prometheus.Registerer
 }
 
 // NewScheme returns the scheme the operator's manager needs: the core
@@ -220,11 +227,18 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("index pods by %s: %w", podPoolIndex, err)
 	}
 
+	reg := opts.Metrics
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
 	alloc, err := allocator.New(mgr.GetClient(),
 		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
 		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
 		allocator.WithClaimType(&testenv.Claim{}),
-		allocator.WithClaimPool(claimPool))
+		allocator.WithClaimPool(claimPool),
+		allocator.WithMetrics(reg),
+		// Allocated, Released and warnings on the claims, rate-limited.
+		allocator.WithEvents(mgr.GetEventRecorder("poolalloc"), 0))
 	if err != nil {
 		return fmt.Errorf("allocator: %w", err)
 	}
@@ -346,7 +360,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		in.Claims = append(in.Claims, allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority})
 	}
 	res, roundErr := r.alloc.Round(ctx, in) // res is valid even when roundErr is not
-	r.warn(pool, claims.Items, res.Warnings)
+	r.warn(pool, res.Warnings)
 
 	var sizeErr error
 	switch {
@@ -477,22 +491,15 @@ func (r *poolReconciler) newPod(pool *unstructured.Unstructured) (*corev1.Pod, e
 	return pod, nil
 }
 
-// warn reports what the round dealt with itself as Warning events on the
-// claim concerned (or the pool) and logs them at V(1). They need no retry.
-func (r *poolReconciler) warn(pool *unstructured.Unstructured, claims []testenv.Claim, warnings []error) {
+// warn reports what the round dealt with itself and that is about no claim
+// (a mark removal retried, say) as a Warning event on the pool. Warnings
+// about a claim are on the claim already (allocator.WithEvents). They need
+// no retry.
+func (r *poolReconciler) warn(pool *unstructured.Unstructured, warnings []error) {
 	for _, w := range warnings {
-		var regarding runtime.Object
 		var ce *allocator.ClaimError
-		if errors.As(w, &ce) {
-			if i := slices.IndexFunc(claims, func(c testenv.Claim) bool { return c.UID == ce.UID }); i >= 0 {
-				regarding = &claims[i]
-			}
-		}
-		if regarding == nil && pool != nil {
-			regarding = pool
-		}
-		if regarding != nil {
-			r.events.Eventf(regarding, nil, corev1.EventTypeWarning, "AllocationWarning", "Allocate", "%s", w.Error())
+		if !errors.As(w, &ce) && pool != nil {
+			r.events.Eventf(pool, nil, corev1.EventTypeWarning, "AllocationWarning", "Allocate", "%s", w.Error())
 		}
 	}
 }

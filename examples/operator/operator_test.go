@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -198,7 +199,7 @@ func (h *harness) startOperator() (stop func()) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	require.NoError(t, err)
-	require.NoError(t, Setup(mgr, Options{}))
+	require.NoError(t, Setup(mgr, Options{Metrics: prometheus.NewRegistry()}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -460,7 +461,7 @@ func TestPoolDeletedAndRecreated(t *testing.T) {
 			return false
 		}
 		return slices.ContainsFunc(events.Items, func(e eventsv1.Event) bool {
-			return e.Regarding.Name == "a" && e.Type == corev1.EventTypeWarning && e.Reason == "AllocationWarning"
+			return e.Regarding.Name == "a" && e.Type == corev1.EventTypeWarning && e.Reason == allocator.EventInvalidRelease
 		})
 	}, waitFor, pollEach, "a Warning event on claim a")
 	h.clearRelease("a")
