@@ -1,0 +1,67 @@
+package sharding
+
+import (
+	"fmt"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+	"pgregory.net/rapid"
+)
+
+func pools(n int) []types.NamespacedName {
+	out := make([]types.NamespacedName, n)
+	for i := range out {
+		out[i] = types.NamespacedName{Namespace: fmt.Sprintf("ns-%d", i%7), Name: fmt.Sprintf("pool-%d", i)}
+	}
+	return out
+}
+
+// A member that joins takes pools only for itself, and so one that leaves
+// (the same change backwards) gives up only its own; every pool has an
+// owner among the members.
+func TestOwnerMovesOnlyWhatItMust(t *testing.T) {
+	ps := pools(300)
+	rapid.Check(t, func(t *rapid.T) {
+		ids := rapid.SliceOfNDistinct(rapid.StringMatching(`[a-z][a-z0-9-]{0,8}`), 1, 12, rapid.ID).Draw(t, "members")
+		joiner := rapid.StringMatching(`[a-z][a-z0-9-]{0,8}`).Filter(func(s string) bool {
+			for _, id := range ids {
+				if id == s {
+					return false
+				}
+			}
+			return true
+		}).Draw(t, "joiner")
+		with := append(append([]string{}, ids...), joiner)
+		for _, p := range ps {
+			before, after := owner(ids, p), owner(with, p)
+			if before == "" {
+				t.Fatalf("pool %s has no owner among %v", p, ids)
+			}
+			if before != after && after != joiner {
+				t.Fatalf("pool %s moved from %s to %s, not to the joiner %s", p, before, after, joiner)
+			}
+		}
+	})
+}
+
+// Pools spread about evenly: at 10,000 pools over N members each holds
+// within 20% of 1/N.
+func TestOwnerSpreadsPools(t *testing.T) {
+	ps := pools(10000)
+	for _, n := range []int{2, 4, 8, 16} {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("replica-%d", i)
+		}
+		count := map[string]int{}
+		for _, p := range ps {
+			count[owner(ids, p)]++
+		}
+		fair := float64(len(ps)) / float64(n)
+		for _, id := range ids {
+			if c := float64(count[id]); c < 0.8*fair || c > 1.2*fair {
+				t.Errorf("%d members: %s owns %v pools, fair is %v", n, id, c, fair)
+			}
+		}
+	}
+}
