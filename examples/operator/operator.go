@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/allocator/sharding"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/syncer"
 )
@@ -92,6 +93,11 @@ type Options struct {
 	// endpoint serves. A process that sets up more than one operator (a
 	// test) gives each its own.
 	Metrics prometheus.Registerer
+	// Shards, when set, spreads the pools over the operator's replicas:
+	// this one serves only the pools it owns (sharding.Membership.Owns),
+	// forgets the others, and requeues every pool when the members change.
+	// The caller runs the membership (mgr.Add(shards), say).
+	Shards *sharding.Membership
 }
 
 // NewScheme returns the scheme the operator's manager needs: the core
@@ -250,7 +256,13 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts:     opts,
 		expected: expectations{pools: map[types.NamespacedName]map[string]expectation{}},
 	}
-	err = ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if opts.Shards != nil {
+		b = b.WatchesRawSource(opts.Shards.Source(func(ctx context.Context) ([]types.NamespacedName, error) {
+			return listPools(ctx, mgr.GetClient())
+		}))
+	}
+	err = b.
 		Named("pool").
 		// Our own status writes change no generation: they do not wake us.
 		For(newPoolObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -268,6 +280,20 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("readiness probe: %w", err)
 	}
 	return nil
+}
+
+// listPools returns every Pool the cache holds.
+func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(testenv.PoolGVK.GroupVersion().WithKind(testenv.PoolGVK.Kind + "List"))
+	if err := c.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
+	}
+	out := make([]types.NamespacedName, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, client.ObjectKeyFromObject(&list.Items[i]))
+	}
+	return out, nil
 }
 
 // claimPool is the pool a claim names, for allocator.WithClaimPool: the
@@ -320,6 +346,15 @@ type poolReconciler struct {
 func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := logr.FromContextOrDiscard(ctx)
 	poolName := req.NamespacedName
+	if s := r.opts.Shards; s != nil && !s.Owns(poolName) {
+		// Another replica's (or nobody's yet): nothing of it is kept here.
+		// The membership requeues it when that changes.
+		r.expected.forget(poolName)
+		if err := r.alloc.ForgetPool(poolName); err != nil {
+			return ctrl.Result{}, fmt.Errorf("pool %s: forget: %w", poolName, err)
+		}
+		return ctrl.Result{}, nil
+	}
 	pool := newPoolObject()
 	gone := false
 	switch err := r.client.Get(ctx, poolName, pool); {

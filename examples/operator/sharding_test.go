@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/poolalloc/poolalloc/allocator/sharding"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// shardReplica is one replica of a sharded operator: a membership driven
+// by its own loop and a manager of its own (client, cache, identity).
+type shardReplica struct {
+	m                 *sharding.Membership
+	stopSync, stopMgr context.CancelFunc
+	syncDone, mgrDone chan error
+}
+
+// startReplica starts a replica serving the pools of namespaces.
+func startReplica(t *testing.T, id, leaseNS string, namespaces []string) *shardReplica {
+	t.Helper()
+	m, err := sharding.New(env.Client, sharding.Options{Namespace: leaseNS, Group: "operator", Identity: id,
+		LeaseDuration: 2 * time.Second, RenewInterval: 250 * time.Millisecond})
+	require.NoError(t, err)
+	scheme, err := NewScheme()
+	require.NoError(t, err)
+	cacheOpts, err := CacheOptions(namespaces...)
+	require.NoError(t, err)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: scheme, Cache: cacheOpts, Metrics: metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	require.NoError(t, Setup(mgr, Options{Metrics: prometheus.NewRegistry(), Shards: m, Resync: 2 * time.Second}))
+	r := &shardReplica{m: m, syncDone: make(chan error, 1), mgrDone: make(chan error, 1)}
+	var syncCtx, mgrCtx context.Context
+	syncCtx, r.stopSync = context.WithCancel(context.Background())
+	mgrCtx, r.stopMgr = context.WithCancel(context.Background())
+	go func() {
+		for syncCtx.Err() == nil {
+			_ = m.Sync(syncCtx)
+			select {
+			case <-syncCtx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+		r.syncDone <- nil
+	}()
+	go func() { r.mgrDone <- mgr.Start(mgrCtx) }()
+	t.Cleanup(func() { r.crash(t) })
+	return r
+}
+
+// crash stops the replica without releasing its lease.
+func (r *shardReplica) crash(t *testing.T) {
+	if r.stopSync == nil {
+		return
+	}
+	r.stopSync()
+	r.stopMgr()
+	<-r.syncDone
+	require.NoError(t, <-r.mgrDone)
+	r.stopSync = nil
+}
+
+// On the real API server: three replicas of the operator share 30 pools in
+// three namespaces, with claims changing throughout. One crashes without
+// releasing its lease, one joins, one leaves gracefully, and the two left
+// are restarted one after the other; records sampled all along never list
+// a pod in two claims, and every claim is served after each change.
+func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
+	ctx := context.Background()
+	leaseNS := env.Namespace(ctx, t)
+	var namespaces []string
+	for range 3 {
+		namespaces = append(namespaces, env.Namespace(ctx, t))
+	}
+	type claimKey struct{ ns, name string }
+	claims := map[claimKey]int32{}
+	for i := range 30 {
+		ns := namespaces[i%3]
+		pool := fmt.Sprintf("pool-%d", i)
+		require.NoError(t, env.Client.Create(ctx, testenv.NewPool(ns, pool, 1)))
+		for j := range 2 {
+			name := fmt.Sprintf("%s-c%d", pool, j)
+			require.NoError(t, env.Client.Create(ctx, testenv.NewClaim(ns, name, pool, 1)))
+			claims[claimKey{ns, name}] = 1
+		}
+	}
+	for _, ns := range namespaces {
+		kctx, cancel := context.WithCancel(context.Background())
+		k := &FakeKubelet{Client: env.Client, Namespace: ns, Interval: 100 * time.Millisecond, StartDelay: 200 * time.Millisecond}
+		done := make(chan error, 1)
+		go func() { done <- k.Run(kctx) }()
+		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	}
+
+	// The sampler: no pod in two claims' records at any sample.
+	var mu sync.Mutex
+	var violations []string
+	samples := 0
+	sctx, stopSampling := context.WithCancel(context.Background())
+	sampled := make(chan struct{})
+	records, err := syncer.NewAnnotationSyncer(env.Client, syncer.DefaultKeys())
+	require.NoError(t, err)
+	read := func() (map[claimKey][]string, error) {
+		held := map[claimKey][]string{}
+		for _, ns := range namespaces {
+			var list testenv.ClaimList
+			if err := env.Client.List(sctx, &list, client.InNamespace(ns)); err != nil {
+				return nil, err
+			}
+			holder := map[string]string{}
+			for i := range list.Items {
+				rec, err := records.Read(&list.Items[i])
+				if err != nil {
+					return nil, err
+				}
+				for _, p := range rec.Held() {
+					if other, ok := holder[p]; ok {
+						mu.Lock()
+						violations = append(violations, fmt.Sprintf("pod %s/%s in the records of %s and %s", ns, p, other, list.Items[i].Name))
+						mu.Unlock()
+					}
+					holder[p] = list.Items[i].Name
+				}
+				held[claimKey{ns, list.Items[i].Name}] = rec.Held()
+			}
+		}
+		return held, nil
+	}
+	go func() {
+		defer close(sampled)
+		for sctx.Err() == nil {
+			if _, err := read(); err == nil {
+				mu.Lock()
+				samples++
+				mu.Unlock()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	served := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			held, err := read()
+			if err != nil {
+				return false
+			}
+			for k, want := range claims {
+				if len(held[k]) != int(want) {
+					return false
+				}
+			}
+			return true
+		}, 60*time.Second, 100*time.Millisecond, "every claim served: %s", what)
+	}
+	scale := func(n int32) {
+		t.Helper()
+		for k := range claims {
+			if len(k.name)%2 == 0 { // about half of them
+				var cl testenv.Claim
+				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
+				cl.Spec.Replicas = n
+				require.NoError(t, env.Client.Update(ctx, &cl))
+				claims[k] = n
+			}
+		}
+	}
+
+	rs := map[string]*shardReplica{}
+	for _, id := range []string{"a", "b", "c"} {
+		rs[id] = startReplica(t, id, leaseNS, namespaces)
+	}
+	served("three replicas")
+	owned := map[string]int{}
+	for i := range 30 {
+		pool := client.ObjectKey{Namespace: namespaces[i%3], Name: fmt.Sprintf("pool-%d", i)}
+		for id, r := range rs {
+			if r.m.Owns(pool) {
+				owned[id]++
+			}
+		}
+	}
+	require.Len(t, owned, 3, "every replica serves pools: %v", owned)
+	require.Equal(t, 30, owned["a"]+owned["b"]+owned["c"], "each pool has one owner: %v", owned)
+	t.Logf("pools per replica: %v", owned)
+
+	// c crashes; claims change meanwhile.
+	crashed := time.Now()
+	rs["c"].crash(t)
+	scale(2)
+	served("after c crashed")
+	t.Logf("served again %s after the crash", time.Since(crashed).Round(10*time.Millisecond))
+
+	// d joins; claims change again.
+	rs["d"] = startReplica(t, "d", leaseNS, namespaces)
+	scale(1)
+	served("after d joined")
+
+	// d leaves gracefully.
+	require.NoError(t, rs["d"].m.Leave(ctx))
+	rs["d"].crash(t)
+	scale(2)
+	served("after d left")
+
+	// A rolling restart of the two left: each leaves, and a new process of
+	// the same identity starts in its place.
+	for i, id := range []string{"a", "b"} {
+		require.NoError(t, rs[id].m.Leave(ctx))
+		rs[id].crash(t)
+		rs[id] = startReplica(t, id, leaseNS, namespaces)
+		scale(int32(1 + i%2))
+		served("after restarting " + id)
+	}
+
+	stopSampling()
+	<-sampled
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d samples of every record", samples)
+	require.Positive(t, samples)
+	require.Empty(t, violations)
+}
