@@ -65,3 +65,40 @@ func TestOwnerSpreadsPools(t *testing.T) {
 		}
 	}
 }
+
+// By namespace, the members' ranges cover the hash space once: every hash
+// falls in the ranges of exactly its owner; a member that joins takes
+// namespaces only for itself.
+func TestRingRangesPartitionTheHashSpace(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ids := rapid.SliceOfNDistinct(rapid.StringMatching(`[a-z][a-z0-9]{0,6}`), 1, 8, rapid.ID).Draw(t, "members")
+		spans := map[string][]span{}
+		for _, id := range ids {
+			spans[id] = ranges(ids, id)
+		}
+		in := func(h uint64, s span) bool { return h >= s.start && (s.end == 0 || h < s.end) }
+		joiner := "zz-joiner"
+		with := append(append([]string{}, ids...), joiner)
+		for range 200 {
+			h := rapid.Uint64().Draw(t, "hash")
+			own := ringOwner(ids, h)
+			holders := 0
+			for id, ss := range spans {
+				for _, s := range ss {
+					if in(h, s) {
+						holders++
+						if id != own {
+							t.Fatalf("hash %x is in a range of %s, owner %s", h, id, own)
+						}
+					}
+				}
+			}
+			if holders != 1 {
+				t.Fatalf("hash %x is in %d ranges", h, holders)
+			}
+			if after := ringOwner(with, h); after != own && after != joiner {
+				t.Fatalf("hash %x moved from %s to %s, not to the joiner", h, own, after)
+			}
+		}
+	})
+}

@@ -89,6 +89,15 @@ type Options struct {
 	RenewInterval time.Duration
 	// Clock is the clock (the real one if nil).
 	Clock clock.Clock
+	// ByNamespace gives each member the pools of whole namespaces: those
+	// whose namespace's 64-bit FNV-1a hash falls in its ranges of a ring
+	// (a few ranges per member, so that a member joining or leaving moves
+	// about 1/N of them). Then each replica's informers can ask the API
+	// server for its namespaces only (ShardSelector, NewInformer): the
+	// server's sharded list and watch (alpha in Kubernetes v1.36, feature
+	// gate ShardedListAndWatch), so that replicas do not each receive
+	// every pod's events. Without it pools are spread one by one.
+	ByNamespace bool
 }
 
 // Membership keeps this replica's lease and the group's live members, and
@@ -104,6 +113,8 @@ type Membership struct {
 	changed       time.Time
 	// renewed is when this replica's lease was last written.
 	renewed time.Time
+	// changedCh is closed, and replaced, at each change of the members.
+	changedCh chan struct{}
 	// seen is, per lease, the renewTime last read and when this replica
 	// first read it (its own clock).
 	seen map[string]observed
@@ -151,7 +162,7 @@ func New(c client.Client, opts Options) (*Membership, error) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
 	return &Membership{c: c, opts: opts, seen: map[string]observed{}, ready: make(chan struct{}),
-		changes: make(chan struct{}, 1)}, nil
+		changes: make(chan struct{}, 1), changedCh: make(chan struct{})}, nil
 }
 
 func leaseName(group, identity string) string { return "poolalloc-" + group + "-" + identity }
@@ -223,6 +234,8 @@ func (m *Membership) Sync(ctx context.Context) error {
 	live = slices.Compact(live)
 	if !slices.Equal(live, m.members) {
 		m.prev, m.members, m.changed = m.members, live, now
+		close(m.changedCh)
+		m.changedCh = make(chan struct{})
 		select {
 		case m.changes <- struct{}{}:
 		default:
@@ -291,7 +304,15 @@ func (m *Membership) Members() []string {
 func (m *Membership) Owner(pool types.NamespacedName) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return owner(m.members, pool)
+	return m.ownerOf(m.members, pool)
+}
+
+// ownerOf is the owner of pool among members in this membership's mode.
+func (m *Membership) ownerOf(members []string, pool types.NamespacedName) string {
+	if m.opts.ByNamespace {
+		return ringOwner(members, fnv1a(pool.Namespace))
+	}
+	return owner(members, pool)
 }
 
 // Owns reports whether this replica owns pool now. A pool that came to it
@@ -303,10 +324,10 @@ func (m *Membership) Owns(pool types.NamespacedName) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	me := m.opts.Identity
-	if owner(m.members, pool) != me || m.opts.Clock.Since(m.renewed) >= m.opts.LeaseDuration {
+	if m.ownerOf(m.members, pool) != me || m.opts.Clock.Since(m.renewed) >= m.opts.LeaseDuration {
 		return false
 	}
-	return owner(m.prev, pool) == me || len(m.prev) == 0 ||
+	return m.ownerOf(m.prev, pool) == me || len(m.prev) == 0 ||
 		m.opts.Clock.Since(m.changed) >= m.opts.RenewInterval
 }
 

@@ -3,14 +3,20 @@ package sharding_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/poolalloc/poolalloc/allocator/sharding"
@@ -207,4 +213,110 @@ func TestSourceQueuesPoolsOnChange(t *testing.T) {
 	}
 	start(t, ns, "b")
 	require.Eventually(t, func() bool { return q.Len() == len(pools) }, 10*time.Second, 20*time.Millisecond)
+}
+
+// With ByNamespace, on an API server with ShardedListAndWatch on: each
+// member's shard selector lists exactly the pods of the namespaces it
+// owns, and an informer made by NewInformer holds those, and follows when
+// a member joins.
+func TestShardedListAndWatchByNamespace(t *testing.T) {
+	ctx := context.Background()
+	leases := env.Namespace(ctx, t)
+	// Namespaces until one of a's moves to d when d joins and one stays.
+	var namespaces []string
+	moves, stays := false, false
+	for len(namespaces) < 6 || !moves || !stays {
+		require.Less(t, len(namespaces), 60, "no namespace of a's moves to d")
+		ns := env.Namespace(ctx, t)
+		_, err := testenv.CreatePods(ctx, env.Client, ns, "p", 2, false)
+		require.NoError(t, err)
+		namespaces = append(namespaces, ns)
+		if sharding.NamespaceOwner([]string{"a", "b", "c"}, ns) == "a" {
+			after := sharding.NamespaceOwner([]string{"a", "b", "c", "d"}, ns)
+			moves, stays = moves || after == "d", stays || after == "a"
+		}
+	}
+	startNS := func(id string) *replica {
+		m, err := sharding.New(env.Client, sharding.Options{Namespace: leases, Group: "ns", Identity: id,
+			LeaseDuration: leaseDuration, RenewInterval: renew, ByNamespace: true})
+		require.NoError(t, err)
+		sctx, cancel := context.WithCancel(context.Background())
+		r := &replica{m: m, cancel: cancel}
+		r.done.Add(1)
+		go func() {
+			defer r.done.Done()
+			for sctx.Err() == nil {
+				_ = m.Sync(sctx)
+				select {
+				case <-sctx.Done():
+				case <-time.After(renew):
+				}
+			}
+		}()
+		t.Cleanup(r.crash)
+		return r
+	}
+	rs := map[string]*replica{"a": startNS("a"), "b": startNS("b"), "c": startNS("c")}
+	require.Eventually(t, func() bool {
+		for _, r := range rs {
+			if len(r.m.Members()) != len(rs) {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond)
+	// mine is what id should see of the test's namespaces.
+	mine := func(r *replica, id string) map[string]bool {
+		out := map[string]bool{}
+		for _, ns := range namespaces {
+			if r.m.Owner(types.NamespacedName{Namespace: ns, Name: "p"}) == id {
+				out[ns] = true
+			}
+		}
+		return out
+	}
+	seen := func(list *corev1.PodList) map[string]bool {
+		out := map[string]bool{}
+		for _, p := range list.Items {
+			if slices.Contains(namespaces, p.Namespace) {
+				out[p.Namespace] = true
+			}
+		}
+		return out
+	}
+	total := 0
+	for id, r := range rs {
+		var list corev1.PodList
+		require.NoError(t, env.Client.List(ctx, &list, &client.ListOptions{Raw: &metav1.ListOptions{ShardSelector: r.m.ShardSelector()}}))
+		require.NotNil(t, list.ShardInfo, "the API server applied the selector")
+		require.Equal(t, mine(r, id), seen(&list), "replica %s", id)
+		total += len(seen(&list))
+	}
+	require.Equal(t, len(namespaces), total, "each namespace is listed by one replica")
+
+	// An informer of a's through NewInformer.
+	a := rs["a"]
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, NewInformer: a.m.NewInformer(&corev1.Pod{})})
+	require.NoError(t, err)
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = c.Start(cctx) }()
+	require.True(t, c.WaitForCacheSync(cctx))
+	cached := func() map[string]bool {
+		var list corev1.PodList
+		if err := c.List(ctx, &list); err != nil {
+			return nil
+		}
+		return seen(&list)
+	}
+	require.Eventually(t, func() bool { return maps.Equal(cached(), mine(a, "a")) }, 30*time.Second, 50*time.Millisecond)
+
+	// d joins: a's informer lists again, for its new namespaces (one of
+	// them went to d).
+	before := cached()
+	rs["d"] = startNS("d")
+	require.Eventually(t, func() bool { return len(a.m.Members()) == 4 }, 30*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return maps.Equal(cached(), mine(a, "a")) }, 30*time.Second, 50*time.Millisecond,
+		"a's cache follows its namespaces: %v, want %v", cached(), mine(a, "a"))
+	require.Less(t, len(cached()), len(before), "a namespace left a's cache")
 }

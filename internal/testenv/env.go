@@ -136,6 +136,8 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 			},
 		},
 	}
+	// Alpha in v1.37: sharded list and watch (allocator/sharding).
+	e.env.ControlPlane.APIServer.Configure().Append("feature-gates", "ShardedListAndWatch=true")
 	cfg, err := e.env.Start()
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("testenv: start control plane: %w", err), e.Stop())
