@@ -76,10 +76,11 @@ func (r *shardReplica) crash(t *testing.T) {
 }
 
 // On the real API server: three replicas of the operator share 30 pools in
-// three namespaces, with claims changing throughout. One crashes without
-// releasing its lease, one joins, one leaves gracefully, and the two left
-// are restarted one after the other; records sampled all along never list
-// a pod in two claims, and every claim is served after each change.
+// three namespaces, with claims scaled, released and deleted throughout.
+// One crashes without releasing its lease, one joins, one leaves
+// gracefully, the crashed one comes back, and the three are restarted one
+// after the other; records sampled all along never list a pod in two
+// claims, and every claim is served after each change.
 func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	ctx := context.Background()
 	leaseNS := env.Namespace(ctx, t)
@@ -170,7 +171,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	scale := func(n int32) {
 		t.Helper()
 		for k := range claims {
-			if len(k.name)%2 == 0 { // about half of them
+			if len(k.name)%2 == 0 || k.name[len(k.name)-1] == '0' { // about half of them
 				var cl testenv.Claim
 				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
 				cl.Spec.Replicas = n
@@ -205,10 +206,40 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	served("after c crashed")
 	t.Logf("served again %s after the crash", time.Since(crashed).Round(10*time.Millisecond))
 
-	// d joins; claims change again.
+	// d joins; claims change again: some give a pod back for good, some
+	// are deleted.
 	rs["d"] = startReplica(t, "d", leaseNS, namespaces)
-	scale(1)
-	served("after d joined")
+	held, err := read()
+	require.NoError(t, err)
+	n, released, deleted := 0, 0, 0
+	for k, want := range claims {
+		n++
+		switch {
+		case n%5 == 0:
+			var cl testenv.Claim
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
+			require.NoError(t, env.Client.Delete(ctx, &cl))
+			delete(claims, k)
+			deleted++
+		case n%5 == 1 && want == 2 && len(held[k]) == 2:
+			var cl testenv.Claim
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
+			v, err := syncer.EncodePods(held[k][:1])
+			require.NoError(t, err)
+			if cl.Annotations == nil {
+				cl.Annotations = map[string]string{}
+			}
+			cl.Annotations[syncer.DefaultKeys().Release] = v
+			cl.Spec.Replicas = 1
+			require.NoError(t, env.Client.Update(ctx, &cl))
+			claims[k] = 1
+			released++
+		}
+	}
+	require.Positive(t, released)
+	require.Positive(t, deleted)
+	t.Logf("%d claims gave a pod back, %d were deleted", released, deleted)
+	served("after d joined, claims released and deleted")
 
 	// d leaves gracefully.
 	require.NoError(t, rs["d"].m.Leave(ctx))
@@ -216,9 +247,11 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	scale(2)
 	served("after d left")
 
-	// A rolling restart of the two left: each leaves, and a new process of
-	// the same identity starts in its place.
-	for i, id := range []string{"a", "b"} {
+	// c comes back, then a rolling restart of the three: each leaves, and
+	// a new process of the same identity starts in its place.
+	rs["c"] = startReplica(t, "c", leaseNS, namespaces)
+	served("after c came back")
+	for i, id := range []string{"a", "b", "c"} {
 		require.NoError(t, rs[id].m.Leave(ctx))
 		rs[id].crash(t)
 		rs[id] = startReplica(t, id, leaseNS, namespaces)
