@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -116,7 +118,11 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	sampled := make(chan struct{})
 	records, err := syncer.NewAnnotationSyncer(env.Client, syncer.DefaultKeys())
 	require.NoError(t, err)
-	read := func() (map[claimKey][]string, error) {
+	// last is what each claim (by UID) held at the sampler's previous
+	// sample: a pod that leaves a claim's record must show in its released
+	// list, unless the claim is being deleted (no hand-out lost).
+	last := map[types.UID][]string{}
+	read := func(sampling bool) (map[claimKey][]string, error) {
 		held := map[claimKey][]string{}
 		for _, ns := range namespaces {
 			var list testenv.ClaimList
@@ -138,6 +144,16 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 					holder[p] = list.Items[i].Name
 				}
 				held[claimKey{ns, list.Items[i].Name}] = rec.Held()
+				if cl := &list.Items[i]; sampling {
+					for _, p := range last[cl.UID] {
+						if !slices.Contains(rec.Held(), p) && !slices.Contains(rec.Released, p) && cl.DeletionTimestamp == nil {
+							mu.Lock()
+							violations = append(violations, fmt.Sprintf("claim %s/%s lost pod %s: not held, not released", ns, cl.Name, p))
+							mu.Unlock()
+						}
+					}
+					last[cl.UID] = rec.Held()
+				}
 			}
 		}
 		return held, nil
@@ -145,7 +161,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	go func() {
 		defer close(sampled)
 		for sctx.Err() == nil {
-			if _, err := read(); err == nil {
+			if _, err := read(true); err == nil {
 				mu.Lock()
 				samples++
 				mu.Unlock()
@@ -156,7 +172,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	served := func(what string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			held, err := read()
+			held, err := read(false)
 			if err != nil {
 				return false
 			}
@@ -209,7 +225,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	// d joins; claims change again: some give a pod back for good, some
 	// are deleted.
 	rs["d"] = startReplica(t, "d", leaseNS, namespaces)
-	held, err := read()
+	held, err := read(false)
 	require.NoError(t, err)
 	n, released, deleted := 0, 0, 0
 	for k, want := range claims {
