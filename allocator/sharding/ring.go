@@ -54,8 +54,10 @@ func ring(members []string) []point {
 
 // ringOwner is the member of the first point above h, the first point if
 // none is.
-func ringOwner(members []string, h uint64) string {
-	pts := ring(members)
+func ringOwner(members []string, h uint64) string { return pointOwner(ring(members), h) }
+
+// pointOwner is ringOwner on the ring pts.
+func pointOwner(pts []point, h uint64) string {
 	if len(pts) == 0 {
 		return ""
 	}

@@ -115,6 +115,8 @@ type Membership struct {
 	renewed time.Time
 	// changedCh is closed, and replaced, at each change of the members.
 	changedCh chan struct{}
+	// rings are the rings of members and prev (ByNamespace).
+	ringCur, ringPrev []point
 	// seen is, per lease, the renewTime last read and when this replica
 	// first read it (its own clock).
 	seen map[string]observed
@@ -234,6 +236,9 @@ func (m *Membership) Sync(ctx context.Context) error {
 	live = slices.Compact(live)
 	if !slices.Equal(live, m.members) {
 		m.prev, m.members, m.changed = m.members, live, now
+		if m.opts.ByNamespace {
+			m.ringPrev, m.ringCur = m.ringCur, ring(live)
+		}
 		close(m.changedCh)
 		m.changedCh = make(chan struct{})
 		select {
@@ -304,13 +309,18 @@ func (m *Membership) Members() []string {
 func (m *Membership) Owner(pool types.NamespacedName) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ownerOf(m.members, pool)
+	return m.ownerOf(false, pool)
 }
 
-// ownerOf is the owner of pool among members in this membership's mode.
-func (m *Membership) ownerOf(members []string, pool types.NamespacedName) string {
+// ownerOf is the owner of pool among the members, or those before the
+// latest change (prev), in this membership's mode. The caller holds mu.
+func (m *Membership) ownerOf(prev bool, pool types.NamespacedName) string {
+	members, pts := m.members, m.ringCur
+	if prev {
+		members, pts = m.prev, m.ringPrev
+	}
 	if m.opts.ByNamespace {
-		return ringOwner(members, fnv1a(pool.Namespace))
+		return pointOwner(pts, fnv1a(pool.Namespace))
 	}
 	return owner(members, pool)
 }
@@ -324,10 +334,10 @@ func (m *Membership) Owns(pool types.NamespacedName) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	me := m.opts.Identity
-	if m.ownerOf(m.members, pool) != me || m.opts.Clock.Since(m.renewed) >= m.opts.LeaseDuration {
+	if m.ownerOf(false, pool) != me || m.opts.Clock.Since(m.renewed) >= m.opts.LeaseDuration {
 		return false
 	}
-	return m.ownerOf(m.prev, pool) == me || len(m.prev) == 0 ||
+	return m.ownerOf(true, pool) == me || len(m.prev) == 0 ||
 		m.opts.Clock.Since(m.changed) >= m.opts.RenewInterval
 }
 
