@@ -220,6 +220,9 @@ func TestSourceQueuesPoolsOnChange(t *testing.T) {
 // owns, and an informer made by NewInformer holds those, and follows when
 // a member joins.
 func TestShardedListAndWatchByNamespace(t *testing.T) {
+	if !env.ShardedListAndWatch {
+		t.Skipf("the kube-apiserver in %s predates the ShardedListAndWatch feature gate (v1.36)", env.AssetsDir)
+	}
 	ctx := context.Background()
 	leases := env.Namespace(ctx, t)
 	// Namespaces until one of a's moves to d when d joins and one stays.

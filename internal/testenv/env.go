@@ -27,6 +27,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -68,6 +69,11 @@ type Env struct {
 	// binaries controller-runtime's setup-envtest installed) or "built".
 	AssetsDir  string
 	AssetsFrom string
+	// ShardedListAndWatch is set when the API server runs with that
+	// feature gate on: it does when its kube-apiserver is v1.36 or newer
+	// (the gate is unknown to older ones, which KUBEBUILDER_ASSETS may
+	// hold).
+	ShardedListAndWatch bool
 
 	env      *envtest.Environment
 	certDir  string    // the API server's certificates, kept across restarts
@@ -136,8 +142,13 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 			},
 		},
 	}
-	// Alpha in v1.37: sharded list and watch (allocator/sharding).
-	e.env.ControlPlane.APIServer.Configure().Append("feature-gates", "ShardedListAndWatch=true")
+	// Alpha since v1.36: sharded list and watch (allocator/sharding).
+	if v, err := binaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes "); err == nil {
+		if parsed, err := version.ParseGeneric(v); err == nil && parsed.AtLeast(version.MajorMinor(1, 36)) {
+			e.env.ControlPlane.APIServer.Configure().Append("feature-gates", "ShardedListAndWatch=true")
+			e.ShardedListAndWatch = true
+		}
+	}
 	cfg, err := e.env.Start()
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("testenv: start control plane: %w", err), e.Stop())
