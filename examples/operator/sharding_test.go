@@ -231,11 +231,11 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	t.Logf("served again %s after the crash", time.Since(crashed).Round(10*time.Millisecond))
 
 	// d joins; claims change again: some give a pod back for good, some
-	// are deleted.
+	// swap one (give it back and keep their want), some are deleted.
 	rs["d"] = startReplica(t, "d", leaseNS, namespaces)
 	held, err := read(false)
 	require.NoError(t, err)
-	n, released, deleted := 0, 0, 0
+	n, released, swapped, deleted := 0, 0, 0, 0
 	for k, want := range claims {
 		n++
 		switch {
@@ -245,6 +245,18 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 			require.NoError(t, env.Client.Delete(ctx, &cl))
 			delete(claims, k)
 			deleted++
+		case n%5 == 2 && len(held[k]) == int(want) && want > 0:
+			// A swap: the owner gives a pod back and keeps its want.
+			var cl testenv.Claim
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
+			v, err := syncer.EncodePods(held[k][:1])
+			require.NoError(t, err)
+			if cl.Annotations == nil {
+				cl.Annotations = map[string]string{}
+			}
+			cl.Annotations[syncer.DefaultKeys().Release] = v
+			require.NoError(t, env.Client.Update(ctx, &cl))
+			swapped++
 		case n%5 == 1 && want == 2 && len(held[k]) == 2:
 			var cl testenv.Claim
 			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
@@ -261,8 +273,9 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 		}
 	}
 	require.Positive(t, released)
+	require.Positive(t, swapped)
 	require.Positive(t, deleted)
-	t.Logf("%d claims gave a pod back, %d were deleted", released, deleted)
+	t.Logf("%d claims gave a pod back, %d swapped one, %d were deleted", released, swapped, deleted)
 	served("after d joined, claims released and deleted")
 
 	// d leaves gracefully.
