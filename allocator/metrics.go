@@ -61,6 +61,11 @@ func WithoutPoolLabel() MetricsOption {
 //     after which it holds all it wants (pods being recycled not
 //     counted). The number users of a warm pool care about.
 //
+// The gauges follow the latest call that looked at the pool: a call
+// refused before it did (invalid input, an ended context) leaves them as
+// they were. The counters and histograms are this process's: after a
+// restart, or a pool's move to another replica, they start again.
+//
 // What to alert on: poolalloc_pool_blocked above 0; a shortfall that stays
 // above 0 (the pool is not growing); time to serve rising; write failures
 // of kind unknown or other.
