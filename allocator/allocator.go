@@ -3,6 +3,7 @@ package allocator
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -33,7 +34,7 @@ type Claim struct {
 	// object, another resource, a policy). They are not read from an object
 	// older than the newest version of the claim the allocator knows (from
 	// its own writes or an earlier listing): a lagging cache's stale copy
-	// must not hand out or take back pods (DESIGN I7). Such a claim keeps
+	// must not hand out or take back pods (docs/design.md I7). Such a claim keeps
 	// the Want and Priority last read until a listing shows that version or
 	// a newer one.
 	Want int
@@ -108,11 +109,16 @@ type Result struct {
 	// lost included.
 	Held int
 	// Starting is the number of the pool's pods that are not ready yet and
-	// may still become idle: listed, not terminating, not Succeeded or
-	// Failed, and held, marked, reserved or recycled for no claim. A
-	// caller that creates pods for the Shortfall creates Shortfall -
-	// Starting of them (never fewer than none): pods that are unready
-	// because a claim holds them, or on their way out, do not count.
+	// may still serve the shortfall: listed, never seen Ready by this
+	// allocator, not terminating, not Succeeded or Failed, and held,
+	// marked, reserved or recycled for no claim. A caller that creates
+	// pods for the Shortfall creates Shortfall - Starting of them (never
+	// fewer than none). Pods that are unready because a claim holds them,
+	// that are on their way out, or that were Ready and are not any more
+	// (broken, or restarted by a recycler) do not count: counting a broken
+	// pod would have the caller wait for it for ever. An allocator that
+	// restarted has not seen a broken pod Ready: until it does, such a
+	// pod counts.
 	Starting int
 	// Warnings are what the round found wrong with claims and dealt with
 	// itself, each a *ClaimError or an error naming the pod, matching its
@@ -173,7 +179,9 @@ type Allocator interface {
 
 	// ForgetPool drops everything known about a pool that was deleted. A
 	// pool created again under the same name starts empty. It waits for a
-	// round in progress on that pool to finish.
+	// round in progress on that pool to finish; a call that waited for the
+	// pool meanwhile runs on the pool created anew. With WithMetrics it
+	// deletes the pool's gauges; no call that raced it sets them again.
 	ForgetPool(pool types.NamespacedName) error
 
 	// Store returns the store the allocator keeps its index of holdings
@@ -283,28 +291,90 @@ func (a *defaultAllocator) getPool(name types.NamespacedName) *pool {
 }
 
 func (a *defaultAllocator) ForgetPool(name types.NamespacedName) error {
-	a.mu.Lock()
-	p := a.pools[name]
-	a.mu.Unlock()
-	if p != nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for c := range p.claims.All() {
-			if p.nHeld(c) > 0 {
-				a.setHolds(c, false)
-			}
+	for {
+		p := a.lookupPool(name)
+		if p == nil {
+			break
 		}
+		p.mu.Lock()
+		if p.dead {
+			p.mu.Unlock()
+			continue
+		}
+		// The store is emptied and the pool dropped under the pool's lock,
+		// before it leaves the map: a round that looked it up waits, then
+		// finds it dead and starts from a new pool; none runs on what is
+		// dropped here.
+		err := a.forget(p)
+		p.mu.Unlock()
+		return err
 	}
-	if err := a.cfg.store.DeletePool(name); err != nil {
-		return fmt.Errorf("pool %s: forget: %w", name, storeErr(err))
+	return a.forget(&pool{name: name})
+}
+
+// forget empties the store and the metrics of pool p, whose lock the
+// caller holds (or that no one else knows), and drops it.
+func (a *defaultAllocator) forget(p *pool) error {
+	if err := a.cfg.store.DeletePool(p.name); err != nil {
+		return fmt.Errorf("pool %s: forget: %w", p.name, storeErr(err))
 	}
 	if m := a.cfg.metrics; m != nil {
-		m.forget(name)
+		m.forget(p.name)
+	}
+	a.drop(p, false)
+	return nil
+}
+
+// drop makes the allocator forget the state of pool p, whose lock the
+// caller holds: p is marked dead, so that a call waiting for its lock
+// looks the pool up again, and the next Round starts a new pool, which
+// recovers from the records and marks. What the store holds for the pool
+// is left for that recovery to replace.
+//
+// With emptyStore, what the store holds for the pool goes too: the new
+// pool's first Round would otherwise meet holders it does not know before
+// its recovery empties the store (which it does anyway, and reports an
+// error then if the store cannot).
+func (a *defaultAllocator) drop(p *pool, emptyStore bool) {
+	p.dead = true
+	if emptyStore {
+		_ = a.cfg.store.DeletePool(p.name)
+	}
+	if p.claims.Len() > 0 {
+		for c := range p.claims.All() {
+			a.setHolds(c, false)
+		}
 	}
 	a.mu.Lock()
-	delete(a.pools, name)
-	a.mu.Unlock()
-	return nil
+	defer a.mu.Unlock()
+	if a.pools[p.name] == p {
+		delete(a.pools, p.name)
+	}
+}
+
+// finish ends a call on pool p, whose lock the caller holds, with the
+// call's error err: a pool whose state broke the diagram, whose store
+// failed, or, with WithInvariantChecks, that fails its self-check, fails
+// closed (docs/design.md, "Failure").
+func (a *defaultAllocator) finish(p *pool, res *Result, err error) error {
+	fail := p.violation
+	p.violation = nil
+	if serr := p.takeStoreErr(); serr != nil && !errors.Is(err, ErrStore) {
+		err = errors.Join(err, serr)
+	}
+	if fail == nil && a.cfg.checks && p.recovered {
+		if cerr := p.checkInvariants(a); cerr != nil {
+			fail = fmt.Errorf("pool %s: %w: %w", p.name, ErrInconsistent, cerr)
+		}
+	}
+	if fail == nil && !errors.Is(err, ErrStore) {
+		return err
+	}
+	if fail != nil && !errors.Is(err, ErrInconsistent) {
+		err = errors.Join(err, fail)
+	}
+	a.drop(p, true)
+	return err
 }
 
 // setHolds records whether the claim of ci holds pods in ci's pool.
@@ -389,7 +459,7 @@ type pool struct {
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
 	free []algorithm.Candidate
-	// nStarting counts the pods with podInfo.starting set.
+	// nStarting counts the pods in stateStarting.
 	nStarting int
 	// nHeldPods counts the pods the store says the pool's claims hold
 	// (round.hold and round.unhold follow every change of the store).
@@ -418,25 +488,24 @@ type pool struct {
 	dirtyPeak int
 
 	// The sets below let a round visit only what may change, never the
-	// whole pool.
+	// whole pool. Those of pods are keyed by the incarnation, and setState
+	// alone changes them (docs/design.md, "The pod state").
 
 	// dirty holds the claims whose holdings may change: changed, short of
 	// pods, giving pods back, terminating, orphaned. A claim leaves it
 	// once settled.
 	dirty map[*claimInfo]struct{}
-	// recycling holds the held pods being given back.
-	recycling map[string]*podInfo
-	// reserved holds the pods named by writes of unknown outcome.
-	reserved map[string]*podInfo
-	// lost holds the held pods, not being recycled, that are missing or not
-	// ready.
-	lost map[string]*podInfo
+	// recycling holds the pods in stateRecycling.
+	recycling map[*podInfo]struct{}
+	// reserved holds the pods in stateReserved.
+	reserved map[*podInfo]struct{}
+	// lost holds the pods in stateLost.
+	lost map[*podInfo]struct{}
 	// unmark holds pods whose mark the allocator may remove (WithPodMarks),
 	// with the claim UID the mark must still name and what justifies it.
 	unmark map[string]unmarkEntry
-	// settling holds the pods being settled for a claim whose record does
-	// not list them (podInfo.settling).
-	settling map[string]*podInfo
+	// settling holds the pods in stateSettling.
+	settling map[*podInfo]struct{}
 	// tomark holds held pods recovered from records that carry no mark yet,
 	// or whose mark a newer record overrules (see newerRecordWins).
 	tomark map[string]types.UID
@@ -455,8 +524,19 @@ type pool struct {
 	// places are the pods' podPlaces.
 	places map[podPlace]*podPlace
 	// storeErr is the first error the store returned on a read since the
-	// last round reported it.
+	// last round reported it. The round's concurrent writes read the store
+	// too: storeMu guards it.
+	storeMu  sync.Mutex
 	storeErr error
+	// violation is the first move of a pod's state that setState refused
+	// in the current round: the pool fails closed.
+	violation error
+	// dead is set when the pool's state was dropped (ForgetPool, or the
+	// pool failed closed): a round that waited for mu looks the pool up
+	// again.
+	dead bool
+	// metrics are the allocator's (WithMetrics), nil without.
+	metrics *metrics
 }
 
 // overruled reports whether pi, held by ci, waits to be marked for ci over
@@ -524,7 +604,11 @@ func (p *pool) nHeld(ci *claimInfo) int {
 	return n
 }
 
+// noteStoreErr records an error of the store's reader. The round's
+// concurrent writes read the store too, so it takes storeMu.
 func (p *pool) noteStoreErr(err error) {
+	p.storeMu.Lock()
+	defer p.storeMu.Unlock()
 	if p.storeErr == nil {
 		p.storeErr = fmt.Errorf("pool %s: %w: %w", p.name, ErrStore, err)
 	}
@@ -532,6 +616,8 @@ func (p *pool) noteStoreErr(err error) {
 
 // takeStoreErr returns the store error noted since it was last taken.
 func (p *pool) takeStoreErr() error {
+	p.storeMu.Lock()
+	defer p.storeMu.Unlock()
 	err := p.storeErr
 	p.storeErr = nil
 	return err
@@ -545,8 +631,15 @@ type podTomb struct {
 }
 
 func (p *pool) addPod(pi *podInfo) { p.podSeen.add(pi) }
+
+// removePod forgets the podInfo pi: it leaves the state that counts it. A
+// pod no decision concerns may go (a held one only when its hold passes
+// to the newer pod under its name, see adoptIncarnations).
 func (p *pool) removePod(pi *podInfo) {
-	p.setStarting(pi, false)
+	if pi.state.active() {
+		p.violate(fmt.Errorf("pod %s (uid %s): forgotten while %s", pi.name(), pi.uid(), pi.state))
+	}
+	p.setState(pi, stateGone, nil, true)
 	p.podSeen.remove(pi)
 }
 func (p *pool) seePod(pi *podInfo)          { p.podSeen.see(pi, p.gen) }
@@ -603,11 +696,12 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 		pods:      index.New((*podInfo).name, 0),
 		claims:    index.New(claimUID, 0),
 		dirty:     make(map[*claimInfo]struct{}),
-		recycling: make(map[string]*podInfo),
-		reserved:  make(map[string]*podInfo),
-		lost:      make(map[string]*podInfo),
+		recycling: make(map[*podInfo]struct{}),
+		reserved:  make(map[*podInfo]struct{}),
+		lost:      make(map[*podInfo]struct{}),
 		unmark:    make(map[string]unmarkEntry),
-		settling:  make(map[string]*podInfo),
+		settling:  make(map[*podInfo]struct{}),
+		metrics:   a.cfg.metrics,
 		tomark:    make(map[string]types.UID),
 	}
 }
@@ -631,14 +725,19 @@ type podInfo struct {
 	// markOwn is set while mark is a value this allocator wrote itself at
 	// exactly markRV.
 	markOwn bool
-	// recycling is set while the pod is given back and not yet released;
-	// recycled once the recycler reported it done, so that a failed
-	// release write does not recycle it twice.
-	recycling, recycled bool
+	// state is the pod's role, changed by pool.setState alone; the claim
+	// it concerns is the store's holder (held, lost) or more.claim
+	// (reserved, settling, recycling).
+	state podState
+	// recycled is set once the recycler reported the pod done (recycling
+	// or settling), so that a failed release write does not recycle it
+	// twice.
+	recycled bool
 	// ending is set while the listed pod is terminating or has finished
-	// (phase Succeeded or Failed): it will not become ready. starting is
-	// set while the pod counts in pool.nStarting (pool.isStarting).
-	ending, starting bool
+	// (phase Succeeded or Failed): it will not become ready. wasReady is
+	// set once a listing showed the pod ready: not ready again, it is not
+	// counted on to serve (stateUnready, not stateStarting).
+	ending, wasReady bool
 
 	// place is the pod's node and zone, shared with the pool's other pods
 	// there.
@@ -656,7 +755,12 @@ type podInfo struct {
 	// they do not hold it (a record edited by hand, a pod recreated under
 	// the name, a stale record). Such a pod is not a candidate.
 	strays  int32
-	nameLen int32
+	nameLen uint16 // a pod name has at most maxPodName bytes (checkPod)
+	// handed is set while the pod is held by the claim this allocator
+	// handed it to (its own record write, in this process): a mark removed
+	// by hand is then written again, not taken for a forged record (see
+	// lostMark).
+	handed bool
 	// more is what few pods need, nil when empty: see reservedBy and
 	// nextPod.
 	more *podMore
@@ -667,44 +771,61 @@ type podMore struct {
 	// oldRVs are resourceVersions the pod had before writes of ours: a
 	// listing showing one of them is older than what we know.
 	oldRVs []string
-	// reservedBy is set while a write that may have handed the pod to that
-	// claim has an unknown outcome: the pod is not a candidate until the
-	// outcome is settled, no earlier than reservedUntil (see reserve).
-	reservedBy    *claimInfo
+	// claim is the claim of a reserved, settling or recycling pod
+	// (setState). A reserved pod is settled no earlier than reservedUntil
+	// (see pool.reserve).
+	claim         *claimInfo
 	reservedUntil time.Time
 	// next is a newer pod under the same name (another UID), waiting for
 	// this one to be released: it takes this entry's place then.
 	next *podInfo
-	// settleFor is set (pod marks) while the pod is marked for that claim
-	// but its record does not list it as held: whoever marked it, the pod
-	// is recycled for that claim and recorded as released before the mark
-	// is removed (DESIGN I13). See podInfo.settling.
-	settleFor *claimInfo
 }
 
-// settling returns the claim pi is being settled for, nil if none.
-func (pi *podInfo) settling() *claimInfo {
+// claim is the claim pi is reserved, settling or recycling for, nil in
+// the other states.
+func (pi *podInfo) claim() *claimInfo {
 	if pi.more == nil {
 		return nil
 	}
-	return pi.more.settleFor
+	return pi.more.claim
 }
 
-// setSettle sets the claim pi is being settled for (nil: none).
-func (pi *podInfo) setSettle(ci *claimInfo) {
-	if pi.more == nil && ci == nil {
+// setClaim sets the claim of pi's active state; setState alone calls it.
+func (pi *podInfo) setClaim(ci *claimInfo, until time.Time) {
+	if pi.more == nil && ci == nil && until.IsZero() {
 		return
 	}
-	pi.edit().settleFor = ci
+	m := pi.edit()
+	m.claim, m.reservedUntil = ci, until
+	if ci == nil {
+		m.reservedUntil = time.Time{}
+	}
 	pi.tidy()
 }
 
-func (pi *podInfo) reservedBy() *claimInfo {
-	if pi.more == nil {
+// settling returns the claim pi is being settled for (stateSettling), nil
+// if none: marked for that claim, whose record does not list it as held,
+// it is recycled for it and recorded as released before the mark is
+// removed (docs/design.md I13).
+func (pi *podInfo) settling() *claimInfo {
+	if pi.state != stateSettling {
 		return nil
 	}
-	return pi.more.reservedBy
+	return pi.claim()
 }
+
+// reservedBy returns the claim pi is reserved for (stateReserved), nil if
+// none: a write that may have handed the pod to it has an unknown outcome,
+// or another allocator marked it for it.
+func (pi *podInfo) reservedBy() *claimInfo {
+	if pi.state != stateReserved {
+		return nil
+	}
+	return pi.claim()
+}
+
+// recycling reports whether pi is being given back (stateRecycling).
+func (pi *podInfo) recycling() bool { return pi.state == stateRecycling }
 
 func (pi *podInfo) nextPod() *podInfo {
 	if pi.more == nil {
@@ -731,7 +852,7 @@ func (pi *podInfo) edit() *podMore {
 }
 
 func (pi *podInfo) tidy() {
-	if m := pi.more; m != nil && len(m.oldRVs) == 0 && m.reservedBy == nil && m.reservedUntil.IsZero() && m.next == nil && m.settleFor == nil {
+	if m := pi.more; m != nil && len(m.oldRVs) == 0 && m.claim == nil && m.reservedUntil.IsZero() && m.next == nil {
 		pi.more = nil
 	}
 }
@@ -750,21 +871,10 @@ func (pi *podInfo) reservedUntil() time.Time {
 	return pi.more.reservedUntil
 }
 
-// reserve reserves pi for ci until the given time, or with a nil ci and a
-// zero time ends its reservation.
-func (pi *podInfo) reserve(ci *claimInfo, until time.Time) {
-	if pi.more == nil && ci == nil && until.IsZero() {
-		return
-	}
-	m := pi.edit()
-	m.reservedBy, m.reservedUntil = ci, until
-	pi.tidy()
-}
-
 // newPodInfo returns the entry of a pod, not in the free list; uid is
 // empty when not known.
 func newPodInfo(name string, uid types.UID) *podInfo {
-	return &podInfo{key: name + string(uid), nameLen: int32(len(name)), freeIdx: -1}
+	return &podInfo{key: name + string(uid), nameLen: uint16(len(name)), freeIdx: -1}
 }
 
 // name is the pod's name, a part of key.
@@ -808,78 +918,8 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 	return c
 }
 
-func (p *pool) candidate(pi *podInfo) bool { return p.candidateHeldBy(pi, p.holderOf(pi)) }
-
-// candidateHeldBy is candidate for a pod whose holder is known.
-func (p *pool) candidateHeldBy(pi *podInfo, holder *claimInfo) bool {
-	return pi.ready && p.offerable(pi, holder)
-}
-
-// offerable reports whether pi, whose holder is known, would be a candidate
-// if it were ready: present, unheld, not recycling, reserved, marked,
-// settling or named by a stray record, and the entry under its name.
-func (p *pool) offerable(pi *podInfo, holder *claimInfo) bool {
-	return holder == nil && pi.present && !pi.recycling && pi.reservedBy() == nil &&
-		pi.mark == "" && pi.settling() == nil && pi.strays == 0 && p.pods.Get(pi.name()) == pi
-}
-
-// isStarting reports whether pi counts in Result.Starting: offerable, not
-// ready, and neither terminating nor finished, so that it may still become
-// ready.
-func (p *pool) isStarting(pi *podInfo, holder *claimInfo) bool {
-	return !pi.ready && !pi.ending && p.offerable(pi, holder)
-}
-
-// setStarting keeps pi.starting and pool.nStarting up to date.
-func (p *pool) setStarting(pi *podInfo, starting bool) {
-	if pi.starting == starting {
-		return
-	}
-	pi.starting = starting
-	if starting {
-		p.nStarting++
-	} else {
-		p.nStarting--
-	}
-}
-
-// refreshFree puts pi in or out of the free list to match candidate(), and
-// in or out of the lost set. A held pod that becomes lost or found makes its
-// claim dirty.
-func (p *pool) refreshFree(pi *podInfo) {
-	holder := p.holderOf(pi)
-	isLost := holder != nil && !pi.recycling && (!pi.present || !pi.ready)
-	if _, was := p.lost[pi.name()]; was != isLost {
-		if isLost {
-			p.lost[pi.name()] = pi
-		} else {
-			delete(p.lost, pi.name())
-		}
-		if holder != nil && holder != unknownHolder {
-			p.dirty[holder] = struct{}{}
-		}
-	}
-	p.setStarting(pi, p.isStarting(pi, holder))
-	want := p.candidateHeldBy(pi, holder)
-	switch {
-	case want && pi.freeIdx < 0:
-		pi.freeIdx = int32(len(p.free))
-		p.free = append(p.free, pi.candidateOf())
-	case want:
-		p.free[pi.freeIdx] = pi.candidateOf()
-	case !want && pi.freeIdx >= 0:
-		last := int32(len(p.free) - 1)
-		moved := p.free[last]
-		p.free[pi.freeIdx] = moved
-		p.pods.Get(moved.Name).freeIdx = pi.freeIdx
-		p.free[last] = algorithm.Candidate{}
-		p.free = p.free[:last]
-		pi.freeIdx = -1
-		if cap(p.free) > 64 && int(last) < cap(p.free)/4 {
-			p.free = slices.Clone(p.free) // let the memory of a larger pool go
-		}
-	}
-}
+// candidate reports whether pi is offered to the algorithm (stateFree).
+func (p *pool) candidate(pi *podInfo) bool { return pi.state == stateFree }
 
 // claimInfo is what the pool knows of a claim.
 type claimInfo struct {

@@ -57,7 +57,10 @@ func newBenchPool(b *testing.B, pods, per int, opts ...allocator.Option) *benchP
 // The benchmarks measure the record path: their pods live only in the round
 // input, not on the fake server, so pod marks (one more pod patch per pod
 // handed out) are off.
-var benchOpts = []allocator.Option{allocator.WithPodMarks(false)}
+// benchOpts measure the allocator as shipped: the per-call self-check,
+// on by default in test binaries, is off (BenchmarkRoundChecked measures
+// it).
+var benchOpts = []allocator.Option{allocator.WithPodMarks(false), allocator.WithInvariantChecks(false)}
 
 // newBenchPoolHeld is newBenchPool with held pods held.
 func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Option) *benchPool {
@@ -239,13 +242,13 @@ func BenchmarkRoundShuffledListing(b *testing.B) {
 // roundBench measures one round with one new claim of per pods, given as a
 // change (Update): the state of an operator that follows the pool through
 // informer events.
-func roundBench(b *testing.B, pods, per int) {
+func roundBench(b *testing.B, pods, per int, opts ...allocator.Option) {
 	var bp *benchPool
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		if bp == nil || bp.free < bp.per {
-			bp = newBenchPool(b, pods, per)
+			bp = newBenchPool(b, pods, per, opts...)
 		}
 		cl := bp.addClaim(b)
 		bp.free -= bp.per
@@ -262,6 +265,12 @@ func roundBench(b *testing.B, pods, per int) {
 // single-pod claim.
 func BenchmarkRound(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) { roundBench(b, pods, 1) })
+}
+
+// BenchmarkRoundChecked is BenchmarkRound with WithInvariantChecks: the
+// cost of the pool's self-check after every call.
+func BenchmarkRoundChecked(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) { roundBench(b, pods, 1, allocator.WithInvariantChecks(true)) })
 }
 
 // BenchmarkRound10 is BenchmarkRound with 10-pod claims.
@@ -353,7 +362,7 @@ func BenchmarkRoundNoServer(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				bp.a, err = allocator.New(nil, allocator.WithPodMarks(false), allocator.WithSyncer(&memSyncer{AllocationSyncer: real}))
+				bp.a, err = allocator.New(nil, allocator.WithPodMarks(false), allocator.WithInvariantChecks(false), allocator.WithSyncer(&memSyncer{AllocationSyncer: real}))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -436,7 +445,7 @@ func heapOf(b *testing.B, c client.Client, marks bool, claims int, keepListing b
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	a, err := allocator.New(c, opts...)
+	a, err := allocator.New(c, append(opts, allocator.WithInvariantChecks(false))...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -72,7 +71,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		// its mark may go if that record is newer than the mark.
 		var write, freed []string
 		for _, name := range pods {
-			pi := p.settling[name]
+			pi := p.entryIn(name, stateSettling)
 			switch {
 			case slices.Contains(ci.released(), name) && pi != nil && ci.recRV > pi.markRV && pi.markRV != 0:
 				r.endSettle(pi)
@@ -96,7 +95,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	for ci := range p.dirty {
 		if r.a.cfg.replaceLost && ci.listed {
 			for _, pi := range p.held(ci) {
-				if r.gone(pi) && !pi.recycling {
+				if r.gone(pi) && !pi.recycling() {
 					get(ci).drop = append(get(ci).drop, pi.name())
 				}
 			}
@@ -157,9 +156,16 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	r.markPods(writes)
 	r.parallel(len(writes), func(i int) { r.do(writes[i]) })
 	for _, w := range writes {
+		if r.failed {
+			// The store refused to follow a durable write: the pool fails
+			// closed, and the records say what the writes did.
+			return
+		}
 		r.apply(w)
 	}
-	r.unmarkPods()
+	if !r.failed {
+		r.unmarkPods()
+	}
 }
 
 func compareNames(x, y *claimInfo) int {
@@ -410,7 +416,7 @@ func (r *round) do(w *write) {
 	if w.fresh != nil && baseRec != nil && r.marks() {
 		// Read live, the claim is at a version newer than the record the
 		// round decided on. If that record holds a pod the write would
-		// give back as settled (DESIGN I13: recycled because a record
+		// give back as settled (docs/design.md I13: recycled because a record
 		// newer than its mark did not list it), another allocator handed
 		// the pod to the claim again since: the decision is stale, and
 		// writing it would take from the claim a pod it holds and wants
@@ -612,7 +618,7 @@ func (r *round) apply(w *write) {
 		// rest are given back through recycling next round.
 		if len(w.done) > 0 {
 			if err := st.Free(p.name, ci.uid(), w.done); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+				r.storeFail(ci, err)
 				return
 			}
 			for _, name := range w.done {
@@ -621,7 +627,7 @@ func (r *round) apply(w *write) {
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
 		for _, name := range w.settled {
-			pi := p.settling[name]
+			pi := p.entryIn(name, stateSettling)
 			r.endSettle(pi)
 			r.queueUnmark(pi, ci.uid(), fenceGone)
 		}
@@ -636,10 +642,7 @@ func (r *round) apply(w *write) {
 			// of it succeeds: its record is not checked for tampering.
 			ci.unsettled = true
 			for _, name := range w.add {
-				pi := p.pods.Get(name)
-				pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
-				p.reserved[name] = pi
-				p.refreshFree(pi)
+				p.reserve(p.pods.Get(name), ci, r.now.Add(r.a.cfg.quarantine))
 			}
 		}
 	default:
@@ -694,7 +697,7 @@ func (r *round) apply(w *write) {
 			}
 		}
 		for _, name := range w.settled {
-			pi := p.settling[name]
+			pi := p.entryIn(name, stateSettling)
 			r.endSettle(pi)
 			r.queueUnmark(pi, ci.uid(), fence)
 		}
@@ -704,7 +707,7 @@ func (r *round) apply(w *write) {
 		free := append(slices.Clone(w.done), w.drop...)
 		if len(free) > 0 {
 			if err := st.Free(p.name, ci.uid(), free); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+				r.storeFail(ci, err)
 				return
 			}
 			for _, name := range free {
@@ -715,18 +718,17 @@ func (r *round) apply(w *write) {
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
 		for _, name := range w.adopt {
-			pi := p.pods.Get(name)
-			pi.reserve(nil, time.Time{})
-			delete(p.reserved, name)
+			p.endActive(p.pods.Get(name))
 		}
 		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
-				r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+				r.storeFail(ci, err)
 				return
 			}
 			for _, name := range newly {
 				r.hold(ci, name)
+				p.pods.Get(name).handed = true // by this allocator, now
 			}
 			if len(w.add) > 0 {
 				r.res.Allocated = append(r.res.Allocated, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: slices.Clone(w.add)})
@@ -754,16 +756,16 @@ func (r *round) report() {
 		}
 	}
 	res.Recycling, res.Lost = nil, nil
-	for name := range p.recycling {
-		res.Recycling = append(res.Recycling, name)
+	for pi := range p.recycling {
+		res.Recycling = append(res.Recycling, pi.name())
 	}
 	slices.Sort(res.Recycling)
-	for name, pi := range p.lost {
+	for pi := range p.lost {
 		ci := p.holderOf(pi)
 		if ci == nil || ci == unknownHolder {
 			continue
 		}
-		res.Lost = append(res.Lost, LostPod{Claim: ci.name(), UID: ci.uid(), Pod: name, Missing: !pi.present})
+		res.Lost = append(res.Lost, LostPod{Claim: ci.name(), UID: ci.uid(), Pod: pi.name(), Missing: !pi.present})
 	}
 	slices.SortFunc(res.Lost, func(x, y LostPod) int { return strings.Compare(x.Pod, y.Pod) })
 }

@@ -58,6 +58,14 @@ var (
 	// answer. A pod whose holder it cannot tell counts as held: nothing is
 	// handed out or released on a guess, and the next round tries again.
 	ErrStore = errors.New("store failed")
+	// ErrInconsistent: the pool's state broke one of its invariants (a
+	// pod moved between states in a way docs/design.md does not allow, or
+	// the self-check found the pool's indexes disagreeing): a bug. The
+	// pool failed closed: what it knew was dropped, nothing more was
+	// decided on it, and the next Round rebuilds it from the records and
+	// marks, as after a restart (Update returns ErrInvalidInput until
+	// then).
+	ErrInconsistent = errors.New("pool state inconsistent")
 )
 
 // ClaimError is an error about one claim. It matches the sentinel in Err.

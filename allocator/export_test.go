@@ -38,9 +38,7 @@ func DumpState(al Allocator, pool types.NamespacedName) string {
 		if pi.settling() != nil {
 			fmt.Fprintf(&b, " settling-for=%s", pi.settling().name().Name)
 		}
-		if pi.recycling {
-			b.WriteString(" recycling")
-		}
+		fmt.Fprintf(&b, " state=%s", pi.state)
 		if next := pi.nextPod(); next != nil {
 			fmt.Fprintf(&b, " next=%s@%s", next.uid(), next.rv)
 		}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -140,7 +139,7 @@ func (r *round) takeIn(ci *claimInfo, rec syncer.Record, rv uint64) {
 		// A pod reserved for ci (marked for it after the record then
 		// known) that a record version newer than its mark does not list
 		// held is not ci's: it is settled, no longer counted for ci.
-		for _, pi := range r.p.reserved {
+		for pi := range r.p.reserved {
 			if pi.reservedBy() == ci && pi.present && pi.markUID(r.p.name) == ci.uid() && pi.markRV != 0 && pi.markRV < rv && !slices.Contains(held, pi.name()) {
 				r.startSettle(ci, pi)
 			}
@@ -210,6 +209,16 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 		}
 		if !verified && rvNum(pi.rv) < ci.recRV {
 			r.verifyLater(pi, ci)
+			return false
+		}
+		if !r.a.cfg.markMigrate && pi.markRV != 0 && pi.markRV < ci.recRV {
+			// The pod was marked for another claim before this record
+			// version was written: no allocator writes such a record (it
+			// lists a pod only while the pod is marked for the claim).
+			// Someone who can edit the claim wrote it (WithPodMarkMigration
+			// lets such a record win, see newerRecordWins).
+			r.warn(r.claimErr(ci, fmt.Errorf("%w: lists pod %s, which was marked for claim %s before the record was written: not handed to it",
+				ErrUntrustedRecord, name, pi.mark)))
 		}
 		return false
 	default:
@@ -249,7 +258,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 		name = pi.name() // the pod's own string, not the record's copy
 	}
 	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
-		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+		r.storeFail(ci, err)
 		return false
 	}
 	r.hold(ci, name)
@@ -263,7 +272,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 // says ci does not hold it.
 func (r *round) drop(ci *claimInfo, pi *podInfo) {
 	if err := r.a.cfg.store.Free(r.p.name, ci.uid(), []string{pi.name()}); err != nil {
-		r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+		r.storeFail(ci, err)
 		return
 	}
 	r.unhold(ci, pi, 0)
@@ -281,40 +290,32 @@ func (r *round) toSettle(ci *claimInfo, pi *podInfo) {
 		r.drop(ci, pi)
 		return
 	}
-	pi.setSettle(ci) // keeps the entry while it is dropped
-	r.drop(ci, pi)
-	if r.p.holderOf(pi) != nil {
-		pi.setSettle(nil)
-		return
+	// Held (or recycling) to settling, then the store lets it go; the
+	// state keeps the entry while it is dropped.
+	r.p.setState(pi, stateSettling, ci, false)
+	if pi.state != stateSettling {
+		return // refused: the round fails closed
 	}
-	pi.setSettle(nil)
-	r.startSettle(ci, pi)
 	pi.recycled = recycled
+	r.drop(ci, pi)
 }
 
 func (r *round) startSettle(ci *claimInfo, pi *podInfo) {
 	if pi.settling() == ci {
 		return
 	}
-	if pi.reservedBy() != nil {
-		pi.reserve(nil, time.Time{})
-		delete(r.p.reserved, pi.name())
-	}
-	pi.setSettle(ci)
+	r.p.setState(pi, stateSettling, ci, false)
 	pi.recycled = false
-	r.p.settling[pi.name()] = pi
-	r.p.dirty[ci] = struct{}{}
-	r.p.refreshFree(pi)
 }
 
+// endSettle ends pi's settling, if it is settling.
 func (r *round) endSettle(pi *podInfo) {
 	if pi == nil {
 		return
 	}
-	pi.setSettle(nil)
-	pi.recycled = false
-	if r.p.settling[pi.name()] == pi {
-		delete(r.p.settling, pi.name())
+	if pi.state == stateSettling {
+		pi.recycled = false
+		r.p.endActive(pi)
 	}
 	r.maybeForget(pi)
 }
@@ -331,7 +332,7 @@ func (r *round) setStrays(ci *claimInfo, names []string) {
 	for _, name := range names {
 		pi := p.podOrNew(name)
 		pi.strays++
-		p.refreshFree(pi)
+		p.refresh(pi)
 	}
 	ci.setStrays(names)
 	if len(names) > 0 {
@@ -362,7 +363,7 @@ func (r *round) maybeForget(pi *podInfo) {
 		return
 	}
 	if pi.present || pi.reservedBy() != nil || pi.settling() != nil || pi.strays > 0 || p.holderOf(pi) != nil {
-		p.refreshFree(pi)
+		p.refresh(pi)
 		return
 	}
 	if rv := rvNum(pi.rv); rv != 0 && pi.nextPod() == nil {
@@ -389,14 +390,14 @@ func (p *pool) dropPod(pi *podInfo) {
 		return
 	}
 	pi.present = false
-	p.refreshFree(pi)
+	p.refresh(pi)
 	p.removePod(pi)
 	if next := pi.nextPod(); next != nil {
 		pi.setNextPod(nil)
 		next.waiting = false
 		next.strays = pi.strays
 		p.pods.Set(next)
-		p.refreshFree(next)
+		p.refresh(next)
 		if next.mark != "" {
 			p.promoted = append(p.promoted, next)
 		}
@@ -540,10 +541,8 @@ func (r *round) resolveMark(pi *podInfo) {
 			r.endSettle(pi)
 		}
 		if ci := pi.reservedBy(); ci != nil {
-			pi.reserve(nil, time.Time{})
-			delete(p.reserved, pi.name())
+			p.endActive(pi)
 			p.dirty[ci] = struct{}{}
-			p.refreshFree(pi)
 		}
 		if ci := p.holderOf(pi); ci != nil && ci != unknownHolder && p.tomark[pi.name()] != ci.uid() {
 			// Another allocator may have settled the pod: recorded it
@@ -574,8 +573,7 @@ func (r *round) resolveMark(pi *podInfo) {
 		if pi.reservedBy().uid() == h.UID {
 			return
 		}
-		pi.reserve(nil, time.Time{})
-		delete(p.reserved, pi.name())
+		p.endActive(pi)
 	}
 	if pi.settling() != nil {
 		if pi.settling().uid() == h.UID {
@@ -687,11 +685,7 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 // reserveFor reserves pi for ci for a quarantine: it is marked for ci and
 // a write listing it may still land (or a newer record list it).
 func (r *round) reserveFor(ci *claimInfo, pi *podInfo) {
-	p := r.p
-	pi.reserve(ci, r.now.Add(r.a.cfg.quarantine))
-	p.reserved[pi.name()] = pi
-	p.dirty[ci] = struct{}{}
-	p.refreshFree(pi)
+	r.p.reserve(pi, ci, r.now.Add(r.a.cfg.quarantine))
 }
 
 // confirmLater asks for ci to be read live before its record's entry for
@@ -818,7 +812,7 @@ func (r *round) adoptIncarnations() {
 			continue
 		}
 		ci := p.holderOf(old)
-		if ci == nil || ci == unknownHolder || old.recycling || old.reservedBy() != nil || old.settling() != nil {
+		if ci == nil || ci == unknownHolder || old.recycling() || old.reservedBy() != nil || old.settling() != nil {
 			continue
 		}
 		if next.markUID(p.name) != ci.uid() || next.markRV == 0 || next.markRV >= ci.recRV {
@@ -835,13 +829,20 @@ func (r *round) adoptIncarnations() {
 // recycled before anyone else gets it (unless WithPodMarkMigration).
 // Otherwise a newer record no longer lists it and whoever wrote that
 // record settled it: ci does not hold it.
+//
+// The allocator that handed the pod to ci itself, in this process, and
+// has held it for ci since (podInfo.handed), knows the record is its own:
+// it marks the pod again and ci keeps it. That is safe: the mark is
+// written under the pod's resourceVersion as listed, unmarked, and no
+// other allocator can have handed the pod out without marking it first.
+// After a restart the record alone is not believed.
 func (r *round) lostMark(ci *claimInfo, pi *podInfo, listed bool) {
 	if !listed {
 		r.drop(ci, pi)
 		return
 	}
 	r.p.tomark[pi.name()] = ci.uid()
-	if !r.a.cfg.markMigrate {
+	if !r.a.cfg.markMigrate && !pi.handed {
 		r.startRecycling(ci, pi)
 	}
 }

@@ -68,20 +68,11 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if n, err := a.cfg.store.Count(p.name, ci.uid()); err != nil || n != len(names) {
 			bad("store: claim %s holds %d pods, Count says %d (%v)", ci.name(), len(names), n, err)
 		}
-		recycling := 0
 		for _, name := range names {
 			held++
-			pi := p.pods.Get(name)
-			if pi == nil {
+			if p.pods.Get(name) == nil {
 				bad("pod %s held by claim %s in the store has no entry", name, ci.name())
-				continue
 			}
-			if pi.recycling {
-				recycling++
-			}
-		}
-		if int32(recycling) != ci.recycling() {
-			bad("claim %s counts %d pods recycling, %d are", ci.name(), ci.recycling(), recycling)
 		}
 		for _, name := range ci.strays() {
 			strays[name]++
@@ -109,58 +100,96 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 			bad("pod %s is held by %s in the store, a claim the pool does not know", name, h)
 		}
 	}
+	// Every podInfo, entries and the newer pods waiting under their names,
+	// is in one state: the one the listing and the store give it unless a
+	// decision put it in an active state, and it is in exactly the set and
+	// count of that state (docs/design.md, "The pod state").
+	count := make(map[podState]int)
+	recyclingFor := make(map[*claimInfo]int32)
 	for pi := range p.pods.All() {
+		if p.pods.Get(pi.name()) != pi {
+			bad("entry of pod %s is not found under its name", pi.name())
+		}
+	}
+	for i, s := range p.podSeen {
+		pi := s.v
 		name := pi.name()
-		if p.pods.Get(name) != pi {
-			bad("entry of pod %s is not found under its name", name)
+		if int(pi.idx) != i {
+			bad("podSeen[%d] %s has index %d", i, name, pi.idx)
 		}
-		if (pi.freeIdx >= 0) != p.candidate(pi) {
-			bad("pod %s: in the free list %t, candidate %t", name, pi.freeIdx >= 0, p.candidate(pi))
-		}
-		roles := 0
+		count[pi.state]++
 		_, isHeld := snap[name]
-		if isHeld {
-			roles++
-		}
-		if pi.reservedBy() != nil {
-			roles++
-			if p.reserved[name] != pi {
-				bad("pod %s is reserved, not in the reserved set", name)
+		isHeld = isHeld && p.pods.Get(name) == pi
+		if pi.state.active() {
+			ci := pi.claim()
+			switch {
+			case p.pods.Get(name) != pi:
+				bad("pod %s (uid %s) is %s but not its name's entry", name, pi.uid(), pi.state)
+			case ci == nil:
+				bad("pod %s is %s for no claim", name, pi.state)
+			case pi.state == stateRecycling && (!isHeld || snap[name].UID != ci.uid()):
+				bad("pod %s is recycling for claim %s, the store says %v", name, ci.name(), snap[name])
+			case pi.state != stateRecycling && isHeld:
+				bad("pod %s is %s for claim %s and held by %v in the store", name, pi.state, ci.name(), snap[name])
+			}
+			if pi.state == stateRecycling {
+				recyclingFor[ci]++
+			}
+		} else {
+			if want, _ := p.passive(pi); pi.state != want {
+				bad("pod %s (uid %s): state %s, the listing and the store say %s", name, pi.uid(), pi.state, want)
+			}
+			if pi.claim() != nil {
+				bad("pod %s is %s and keeps claim %s", name, pi.state, pi.claim().name())
 			}
 		}
-		if pi.settling() != nil {
-			roles++
-			if p.settling[name] != pi {
-				bad("pod %s is settling, not in the settling set", name)
+		_, inLost := p.lost[pi]
+		_, inReserved := p.reserved[pi]
+		_, inSettling := p.settling[pi]
+		_, inRecycling := p.recycling[pi]
+		for _, c := range []struct {
+			in    bool
+			state podState
+		}{{inLost, stateLost}, {inReserved, stateReserved}, {inSettling, stateSettling}, {inRecycling, stateRecycling}} {
+			if c.in != (pi.state == c.state) {
+				bad("pod %s (uid %s): state %s, in the %s set %t", name, pi.uid(), pi.state, c.state, c.in)
 			}
 		}
-		if roles > 1 {
-			bad("pod %s is at once held (%v), reserved (%v) and settling (%v)", name, isHeld, pi.reservedBy() != nil, pi.settling() != nil)
+		if (pi.freeIdx >= 0) != (pi.state == stateFree) {
+			bad("pod %s: in the free list %t, state %s", name, pi.freeIdx >= 0, pi.state)
 		}
-		if pi.recycling != (p.recycling[name] == pi) {
-			bad("pod %s: recycling %t, in the recycling set %t", name, pi.recycling, p.recycling[name] == pi)
+		if pi.recycled && pi.state != stateRecycling && pi.state != stateSettling {
+			bad("pod %s is recycled and %s", name, pi.state)
 		}
-		if pi.recycling && !isHeld {
-			bad("pod %s is recycling and held by no claim", name)
-		}
-		lost := isHeld && !pi.recycling && (!pi.present || !pi.ready)
-		if _, in := p.lost[name]; in != lost {
-			bad("pod %s: lost %t, in the lost set %t", name, lost, in)
-		}
-		if strays[name] != int(pi.strays) {
+		if strays[name] != int(pi.strays) && p.pods.Get(name) == pi {
 			bad("pod %s counts %d stray entries, records have %d", name, pi.strays, strays[name])
+		}
+		if pi.waiting {
+			continue
 		}
 		next := pi.nextPod()
 		if next != nil && next.uid() == pi.uid() {
 			bad("pod %s waits for itself", name)
 		}
-		if pi.waiting || next != nil && !next.waiting {
-			bad("pod %s: entry waiting %t, next waiting %t", name, pi.waiting, next != nil && next.waiting)
+		if next != nil && !next.waiting {
+			bad("pod %s: next not waiting", name)
 		}
-		for _, e := range []*podInfo{pi, next} {
-			if e != nil && (e.idx < 0 || int(e.idx) >= len(p.podSeen) || p.podSeen[e.idx].v != e) {
-				bad("pod %s (uid %s) is not at its place %d in podSeen", name, e.uid(), e.idx)
-			}
+		if next != nil && (next.idx < 0 || int(next.idx) >= len(p.podSeen) || p.podSeen[next.idx].v != next) {
+			bad("pod %s (uid %s) is not at its place %d in podSeen", name, next.uid(), next.idx)
+		}
+	}
+	for ci := range p.claims.All() {
+		if ci.recycling() != recyclingFor[ci] {
+			bad("claim %s counts %d pods recycling, %d are", ci.name(), ci.recycling(), recyclingFor[ci])
+		}
+	}
+	for _, c := range []struct {
+		state podState
+		n     int
+	}{{stateFree, len(p.free)}, {stateStarting, p.nStarting}, {stateLost, len(p.lost)}, {stateReserved, len(p.reserved)},
+		{stateSettling, len(p.settling)}, {stateRecycling, len(p.recycling)}} {
+		if count[c.state] != c.n {
+			bad("%d pods are %s, the pool counts %d", count[c.state], c.state, c.n)
 		}
 	}
 	// The dense arrays hold exactly the entries and their next pods (scan
@@ -176,36 +205,6 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	}
 	if len(p.claimSeen) != p.claims.Len() {
 		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), p.claims.Len())
-	}
-	starting := 0
-	for i, s := range p.podSeen {
-		if int(s.v.idx) != i {
-			bad("podSeen[%d] %s has index %d", i, s.v.name(), s.v.idx)
-		}
-		if want := p.isStarting(s.v, p.holderOf(s.v)); s.v.starting != want {
-			bad("pod %s (uid %s): starting %t, should be %t", s.v.name(), s.v.uid(), s.v.starting, want)
-		}
-		if s.v.starting {
-			starting++
-		}
-	}
-	if starting != p.nStarting {
-		bad("%d pods are starting, the pool counts %d", starting, p.nStarting)
-	}
-	for name, pi := range p.reserved {
-		if p.pods.Get(name) != pi || pi.reservedBy() == nil {
-			bad("reserved pod %s is not reserved", name)
-		}
-	}
-	for name, pi := range p.settling {
-		if p.pods.Get(name) != pi || pi.settling() == nil {
-			bad("settling pod %s is not settling", name)
-		}
-	}
-	for name, pi := range p.recycling {
-		if p.pods.Get(name) != pi {
-			bad("recycling pod %s has no entry", name)
-		}
 	}
 	for name := range strays {
 		if p.pods.Get(name) == nil {

@@ -133,7 +133,7 @@ func (r *round) markHeld() {
 			// listing shows the mark.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
 			r.queueUnmark(pi, j.ci.uid(), fenceGone)
-			r.p.refreshFree(pi)
+			r.p.refresh(pi)
 		}
 	}
 }
@@ -146,7 +146,7 @@ func (r *round) marked(pi *podInfo, rv, mark string) {
 	if mark != "" {
 		pi.markRV = rvNum(rv)
 	}
-	r.p.refreshFree(pi)
+	r.p.refresh(pi)
 }
 
 // markPods marks the pods the round is about to hand out. A pod whose mark
@@ -178,7 +178,7 @@ func (r *round) markPods(writes []*write) {
 			// none can while it is marked for the claim.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
 			r.queueUnmark(pi, j.ci.uid(), fenceGone)
-			r.p.refreshFree(pi)
+			r.p.refresh(pi)
 		}
 		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name() })
 		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
@@ -200,7 +200,7 @@ func (r *round) unmarkPods() {
 			r.p.holderOf(pi) != nil || pi.reservedBy() != nil || pi.settling() != nil {
 			delete(r.p.unmark, name)
 			if pi != nil {
-				r.p.refreshFree(pi)
+				r.p.refresh(pi)
 				again = append(again, pi)
 			}
 			continue

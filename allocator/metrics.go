@@ -23,9 +23,10 @@ func (f metricsOptionFunc) applyMetrics(c *metricsConfig) { f(c) }
 
 type metricsConfig struct{ noPoolLabel bool }
 
-// WithoutPoolLabel leaves the pool label off every metric, for operators
-// with so many pools that a series per pool costs too much: the gauges
-// then sum over the pools, the counters and histograms count them all.
+// WithoutPoolLabel leaves the pool's namespace and name labels off the
+// gauges and counters, for operators with so many pools that a series per
+// pool costs too much: the gauges then sum over the pools, the counters
+// count them all. The histograms never carry them.
 func WithoutPoolLabel() MetricsOption {
 	return metricsOptionFunc(func(c *metricsConfig) { c.noPoolLabel = true })
 }
@@ -33,11 +34,13 @@ func WithoutPoolLabel() MetricsOption {
 // WithMetrics registers the allocator's metrics with reg (controller-
 // runtime's metrics.Registry, say); nothing is registered without it. It
 // fails New (ErrInvalidOption) if reg is nil or refuses a metric, as it
-// does when another allocator registered them there already. All metrics
-// are labelled by pool ("namespace/name") unless WithoutPoolLabel:
+// does when another allocator registered them there already. The gauges
+// and counters are labelled by the pool's namespace and name (labels
+// namespace and name) unless WithoutPoolLabel; the histograms, as
+// controller-runtime's, only by what has few values:
 //
 //   - poolalloc_round_duration_seconds, a histogram by call (Round or
-//     Update): how long a call took, writes included.
+//     Update), over all pools: how long a call took, writes included.
 //   - poolalloc_pods, a gauge by state: the pool's pods after the latest
 //     call, idle (ready and free), held (by claims, recycling and lost
 //     ones included), recycling, lost (held and missing or unready), and
@@ -56,15 +59,17 @@ func WithoutPoolLabel() MetricsOption {
 //   - poolalloc_records_repaired_total, a counter: records found to
 //     differ from what their claim holds (ErrUntrustedRecord), each
 //     rewritten.
-//   - poolalloc_time_to_serve_seconds, a histogram: from a claim's
-//     creation, or the round that saw its want rise, to the hand-out
-//     after which it holds all it wants (pods being recycled not
+//   - poolalloc_time_to_serve_seconds, a histogram over all pools: from a
+//     claim's creation, or the round that saw its want rise, to the
+//     hand-out after which it holds all it wants (pods being recycled not
 //     counted). The number users of a warm pool care about.
 //
-// The gauges follow the latest call that looked at the pool: a call
-// refused before it did (invalid input, an ended context) leaves them as
-// they were. The counters and histograms are this process's: after a
-// restart, or a pool's move to another replica, they start again.
+// The gauges follow the latest call on the pool to finish among those
+// that looked at it: a call refused before it did (invalid input, an
+// ended context) leaves them as they were. ForgetPool deletes them, and
+// no call that raced it sets them again. The counters and histograms are
+// this process's: after a restart, or a pool's move to another replica,
+// they start again.
 //
 // What to alert on: poolalloc_pool_blocked above 0; a shortfall that stays
 // above 0 (the pool is not growing); time to serve rising; write failures
@@ -97,7 +102,7 @@ type metrics struct {
 	writeFailed *prometheus.CounterVec
 	blocked     *prometheus.GaugeVec
 	repaired    *prometheus.CounterVec
-	timeToServe *prometheus.HistogramVec
+	timeToServe prometheus.Histogram
 
 	// last holds each pool's gauges as last set, for the sums kept
 	// without the pool label; mu guards it.
@@ -114,10 +119,16 @@ type poolGauges struct {
 // podStates are the values of poolalloc_pods's state label.
 var podStates = [...]string{"idle", "held", "recycling", "lost", "starting"}
 
+// The labels naming a pool on the gauges and counters.
+const (
+	labelNamespace = "namespace"
+	labelName      = "name"
+)
+
 func newMetrics(reg prometheus.Registerer, cfg metricsConfig) (*metrics, error) {
 	var pool []string
 	if !cfg.noPoolLabel {
-		pool = []string{"pool"}
+		pool = []string{labelNamespace, labelName}
 	}
 	with := func(labels ...string) []string { return append(append([]string{}, pool...), labels...) }
 	m := &metrics{
@@ -125,7 +136,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig) (*metrics, error) 
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poolalloc_round_duration_seconds", Help: "How long a Round or Update call took, writes included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, with("call")),
+		}, []string{"call"}),
 		pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "poolalloc_pods", Help: "The pool's pods by state after the latest call: idle, held, recycling, lost, starting.",
 		}, with("state")),
@@ -150,10 +161,10 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig) (*metrics, error) 
 		repaired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poolalloc_records_repaired_total", Help: "Records found to differ from what their claim holds, rewritten.",
 		}, with()),
-		timeToServe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		timeToServe: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "poolalloc_time_to_serve_seconds", Help: "From a claim's creation or want rising to holding all it wants.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
-		}, with()),
+		}),
 		last: make(map[types.NamespacedName]poolGauges),
 	}
 	for _, c := range []prometheus.Collector{m.duration, m.pods, m.shortfall, m.allocated, m.released,
@@ -170,12 +181,13 @@ func (m *metrics) labels(pool types.NamespacedName, more ...string) []string {
 	if !m.poolLabel {
 		return more
 	}
-	return append([]string{pool.String()}, more...)
+	return append([]string{pool.Namespace, pool.Name}, more...)
 }
 
-// observe records what a Round or Update call on pool did.
+// observe counts what a Round or Update call on pool did; publish sets
+// the pool's gauges.
 func (m *metrics) observe(call string, pool types.NamespacedName, res Result, err error, took time.Duration) {
-	m.duration.WithLabelValues(m.labels(pool, call)...).Observe(took.Seconds())
+	m.duration.WithLabelValues(call).Observe(took.Seconds())
 	m.allocated.WithLabelValues(m.labels(pool)...).Add(float64(grantPods(res.Allocated)))
 	m.released.WithLabelValues(m.labels(pool)...).Add(float64(grantPods(res.Released)))
 	repaired := 0
@@ -190,8 +202,15 @@ func (m *metrics) observe(call string, pool types.NamespacedName, res Result, er
 			m.writeFailed.WithLabelValues(m.labels(pool, writeFailureKind(e))...).Inc()
 		}
 	}
-	if !res.reported {
-		return // the call stopped before it looked at the pool
+}
+
+// publish sets p's gauges from what a call on it returned; m may be nil
+// (no WithMetrics). The call runs it with p.mu held, so that the gauges
+// follow the latest call to finish, and a pool that ForgetPool dropped
+// (p.dead) gets no series again from a call that waited for p.mu.
+func (m *metrics) publish(p *pool, res Result, err error) {
+	if m == nil || p.dead || !res.reported {
+		return // no metrics, a forgotten pool, or a call that stopped before it looked at the pool
 	}
 	g := poolGauges{
 		idle: float64(res.IdleCount), held: float64(res.Held), recycling: float64(len(res.Recycling)),
@@ -203,13 +222,13 @@ func (m *metrics) observe(call string, pool types.NamespacedName, res Result, er
 	if !m.poolLabel {
 		// The gauges sum over the pools: move them by what changed.
 		m.mu.Lock()
-		old := m.last[pool]
-		m.last[pool] = g
+		old := m.last[p.name]
+		m.last[p.name] = g
 		m.mu.Unlock()
-		m.setPool(pool, g.minus(old), prometheus.Gauge.Add)
+		m.setPool(p.name, g.minus(old), prometheus.Gauge.Add)
 		return
 	}
-	m.setPool(pool, g, prometheus.Gauge.Set)
+	m.setPool(p.name, g, prometheus.Gauge.Set)
 }
 
 func (g poolGauges) minus(o poolGauges) poolGauges {
@@ -231,12 +250,14 @@ func (m *metrics) recycledPods(pool types.NamespacedName, n int) {
 	m.recycled.WithLabelValues(m.labels(pool)...).Add(float64(n))
 }
 
-// served records that a claim of pool waited d to hold all it wants.
-func (m *metrics) served(pool types.NamespacedName, d time.Duration) {
-	m.timeToServe.WithLabelValues(m.labels(pool)...).Observe(max(0, d.Seconds()))
+// served records that a claim waited d to hold all it wants. The
+// histogram has no pool label (cardinality): the pool is not used.
+func (m *metrics) served(_ types.NamespacedName, d time.Duration) {
+	m.timeToServe.Observe(max(0, d.Seconds()))
 }
 
-// forget drops a forgotten pool's series (or its part of the sums).
+// forget drops a forgotten pool's gauges (or its part of the sums). It
+// runs with the pool's mu held, if the allocator has the pool.
 func (m *metrics) forget(pool types.NamespacedName) {
 	if !m.poolLabel {
 		m.mu.Lock()
@@ -248,9 +269,10 @@ func (m *metrics) forget(pool types.NamespacedName) {
 		}
 		return
 	}
-	m.pods.DeletePartialMatch(prometheus.Labels{"pool": pool.String()})
-	m.shortfall.DeletePartialMatch(prometheus.Labels{"pool": pool.String()})
-	m.blocked.DeletePartialMatch(prometheus.Labels{"pool": pool.String()})
+	l := prometheus.Labels{labelNamespace: pool.Namespace, labelName: pool.Name}
+	m.pods.DeletePartialMatch(l)
+	m.shortfall.DeletePartialMatch(l)
+	m.blocked.DeletePartialMatch(l)
 }
 
 // writeFailureKind classifies a failed write for poolalloc_write_failures_total.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -140,6 +141,9 @@ type config struct {
 	claimType   client.Object
 	// openSandbox is set by WithOpenSandbox.
 	openSandbox bool
+	// checks is whether every call ends with the pool's self-check
+	// (WithInvariantChecks).
+	checks bool
 	// claimPool is WithClaimPool's function, nil if not given.
 	claimPool func(client.Object) types.NamespacedName
 	// nilSet names the options that were given nil where nil is not
@@ -152,6 +156,21 @@ type config struct {
 	slimKeys      *syncer.Keys
 	ourFinalizers []string
 }
+
+// WithInvariantChecks turns on (or off) the pool's self-check at the end of
+// every Round and Update: every pod's state is the one its listing, marks
+// and the store give it (or one a decision put it in), and every index
+// the pool keeps of its pods and claims agrees with the states and with
+// the store (docs/design.md, "The pod state"). A pool that fails it fails
+// closed: the call returns an error matching ErrInconsistent, and the next
+// Round rebuilds the pool from the records and marks.
+//
+// The check visits every pod and claim of the pool: at 50,000 pods it
+// costs about as much as a Round on a full listing (README, Performance),
+// many times the cost of an Update. It is on by default in test binaries
+// (testing.Testing), off otherwise. The moves between states are checked
+// in every call whatever this option says.
+func WithInvariantChecks(on bool) Option { return optionFunc(func(c *config) { c.checks = on }) }
 
 // WithStore replaces the in-memory store. The store is the allocator's one
 // index of holdings: it records there every hand-out and release once the
@@ -271,7 +290,7 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 // WithPodMarks(false) turns them off: one write per hand-out instead of
 // two, at the price of all the above. In particular the pods of a claim
 // force-deleted while no allocator ran look free after a restart and may
-// be handed out without being recycled (DESIGN's I6 then holds only for
+// be handed out without being recycled (docs/design.md's I6 then holds only for
 // claims deleted gracefully).
 func WithPodMarks(on bool) Option { return optionFunc(func(c *config) { c.marksOff = !on }) }
 
@@ -377,6 +396,7 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		clock:      clock.RealClock{},
 		writers:    16,
 		quarantine: DefaultQuarantine,
+		checks:     testing.Testing(),
 	}
 	for _, o := range opts {
 		if o == nil {

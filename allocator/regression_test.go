@@ -434,7 +434,7 @@ func TestRegressionNewerRecordEndsReservation(t *testing.T) {
 // A claim missing from a claim listing that lags for a quarantine is taken
 // for one that left the pool (the contract bounds listing lag by a
 // Quarantine): its pods are given back, but recorded released only after
-// the recycler finished them (DESIGN I6). Found by the single-allocator
+// the recycler finished them (docs/design.md I6). Found by the single-allocator
 // machine while trying to write a moved claim's pods out of its record
 // before recycling them.
 func TestRegressionStaleClaimListingPastQuarantineRecyclesFirst(t *testing.T) {
@@ -1349,7 +1349,7 @@ func TestRegressionReservedPodRidesAlongOnlyWhenItMayBeHanded(t *testing.T) {
 // A stale listing of a claim (older than the version the allocator wrote)
 // with a higher Want than the newest one: Want is read from every Claim
 // (issue 10), but not from a stale copy, which would hand out an extra pod
-// (DESIGN I7). Found by the single-allocator machine while Want became an
+// (docs/design.md I7). Found by the single-allocator machine while Want became an
 // input of every round (its file stopped replaying once fixed).
 func TestRegressionStaleListingWantIsNotTaken(t *testing.T) {
 	f := newFixture(t)
@@ -1383,7 +1383,7 @@ func TestRegressionStaleListingWantIsNotTaken(t *testing.T) {
 
 // A pod marked for a claim by a hand-out that lost its race (its record
 // never listed the pod) is settled for the claim: recycled and recorded
-// released (DESIGN I13). Meanwhile another allocator handed the same pod to
+// released (docs/design.md I13). Meanwhile another allocator handed the same pod to
 // the claim again, after a scale-up, and its record lists it. An allocator
 // whose listings lag (the claim missing from them, the pod still at its old
 // version) settled it all the same and wrote the claim's record, read live

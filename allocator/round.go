@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -44,6 +45,9 @@ type round struct {
 	res *Result
 	// errs collects per-claim errors that do not stop the round.
 	errs []error
+	// failed is set once the store refused a write (storeFail): nothing
+	// more is written in the round.
+	failed bool
 	// warmed keeps what warm read (see scan); it means nothing.
 	warmed int32
 	// strayIdx indexes the claims' strays by pod for newerRecordWins,
@@ -96,7 +100,7 @@ func (a *defaultAllocator) logged(ctx context.Context, kind string, pool types.N
 		return Result{Pool: pool}, fmt.Errorf("pool %s: %w", pool, err)
 	}
 	start := a.cfg.clock.Now()
-	res, err := run()
+	res, err := run() // it publishes the pool's gauges itself, under the pool's lock
 	if m := a.cfg.metrics; m != nil {
 		m.observe(kind, pool, res, err, a.cfg.clock.Since(start))
 	}
@@ -146,22 +150,45 @@ func grantPods(gs []algorithm.Grant) int {
 }
 
 func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error) {
-	res := Result{Pool: in.Pool}
 	if err := validatePool(in.Pool); err != nil {
+		return Result{Pool: in.Pool}, err
+	}
+	for {
+		p := a.lookupPool(in.Pool)
+		checked := p == nil
+		if checked {
+			// A pool's first round: nothing to stamp yet, and no pool is
+			// made for an invalid input.
+			if err := validateInput(in); err != nil {
+				return Result{Pool: in.Pool}, err
+			}
+			p = a.getPool(in.Pool)
+		}
+		p.mu.Lock()
+		if p.dead {
+			// Dropped while this call waited for it (ForgetPool, or it
+			// failed closed): the pool is looked up again.
+			p.mu.Unlock()
+			continue
+		}
+		res, err := a.guarded(p, func() (Result, error) { return a.roundLocked(ctx, p, in, checked) })
+		err = a.finish(p, &res, err)
+		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
+		p.mu.Unlock()
 		return res, err
 	}
-	p := a.lookupPool(in.Pool)
-	checked := p == nil
-	if checked {
-		// A pool's first round: nothing to stamp yet, and no pool is made
-		// for an invalid input.
-		if err := validateInput(in); err != nil {
-			return res, err
-		}
-		p = a.getPool(in.Pool)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+}
+
+// guarded runs call, a round on p, under guard.
+func (a *defaultAllocator) guarded(p *pool, call func() (Result, error)) (res Result, err error) {
+	res.Pool = p.name
+	defer a.guard(p, &err)
+	return call()
+}
+
+// roundLocked is Round on p, whose mu the caller holds.
+func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, checked bool) (Result, error) {
+	res := Result{Pool: in.Pool}
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: in.Pods}
 
@@ -217,13 +244,30 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 }
 
 func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, error) {
-	res := Result{Pool: ch.Pool}
 	if err := validatePool(ch.Pool); err != nil {
+		return Result{Pool: ch.Pool}, err
+	}
+	for {
+		p := a.lookupPool(ch.Pool)
+		if p == nil {
+			return Result{Pool: ch.Pool}, fmt.Errorf("%w: pool %s: Update before the pool's first Round (or after the pool was forgotten or failed closed: a Round rebuilds it)", ErrInvalidInput, ch.Pool)
+		}
+		p.mu.Lock()
+		if p.dead {
+			p.mu.Unlock()
+			continue
+		}
+		res, err := a.guarded(p, func() (Result, error) { return a.updateLocked(ctx, p, ch) })
+		err = a.finish(p, &res, err)
+		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
+		p.mu.Unlock()
 		return res, err
 	}
-	p := a.getPool(ch.Pool)
-	p.mu.Lock()
-	defer p.mu.Unlock()
+}
+
+// updateLocked is Update on p, whose mu the caller holds.
+func (a *defaultAllocator) updateLocked(ctx context.Context, p *pool, ch Changes) (Result, error) {
+	res := Result{Pool: ch.Pool}
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: ch.Pods}
 	pods, claims, err := r.scan(ch.Pods, ch.Claims, false)
@@ -231,7 +275,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 		return res, err
 	}
 	if !p.recovered {
-		return res, fmt.Errorf("%w: pool %s: Update before the pool's first Round", ErrInvalidInput, ch.Pool)
+		return res, fmt.Errorf("%w: pool %s: Update before the pool's first Round (or after the pool was forgotten or failed closed: a Round rebuilds it)", ErrInvalidInput, ch.Pool)
 	}
 	for _, pod := range pods {
 		r.observePod(pod)
@@ -285,9 +329,24 @@ func (r *round) run() (Result, error) {
 		r.report()
 		return *r.res, err
 	}
+	if err := r.p.violation; err != nil {
+		// A pod's state was asked to make a move the diagram does not
+		// have: nothing is committed on that state (finish fails the
+		// pool closed).
+		r.report()
+		return *r.res, err
+	}
+	if r.failed {
+		r.report()
+		return *r.res, errors.Join(r.errs...)
+	}
 	r.queueReleases(act.Release)
 	r.queueOrphans()
 	r.markHeld()
+	if r.failed {
+		r.report()
+		return *r.res, errors.Join(r.errs...)
+	}
 	done, settled := r.recycle()
 	r.commit(act.Allocate, done, settled)
 	r.res.Shortfall = act.Shortfall + r.shortfall
@@ -355,7 +414,7 @@ func (r *round) settled(ci *claimInfo) bool {
 	}
 	if r.a.cfg.replaceLost {
 		for _, pi := range r.p.held(ci) {
-			if _, lost := r.p.lost[pi.name()]; lost {
+			if _, lost := r.p.lost[pi]; lost {
 				return false
 			}
 		}
@@ -407,8 +466,15 @@ func checkPod(pool types.NamespacedName, i int, pod *corev1.Pod) error {
 	if pod.Namespace != pool.Namespace {
 		return fmt.Errorf("%w: pool %s: pod %s/%s is in another namespace", ErrInvalidInput, pool, pod.Namespace, pod.Name)
 	}
+	if len(pod.Name) > maxPodName {
+		return fmt.Errorf("%w: pool %s: pod %d has a name of %d characters, more than a pod name may have (%d)", ErrInvalidInput, pool, i, len(pod.Name), maxPodName)
+	}
 	return nil
 }
+
+// maxPodName is the longest pod name the API server accepts (a DNS
+// subdomain).
+const maxPodName = 253
 
 func errPodTwice(pool types.NamespacedName, name string) error {
 	return fmt.Errorf("%w: pool %s: pod %s listed twice", ErrInvalidInput, pool, name)
@@ -501,7 +567,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 			}
 			if pi == nil {
 				if !checked {
-					if hd.ns != p.name.Namespace {
+					if hd.ns != p.name.Namespace || len(hd.name) > maxPodName {
 						return nil, nil, checkPod(p.name, start+j, &chunk[j])
 					}
 					if newPods == nil {
@@ -527,7 +593,7 @@ func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1
 					return nil, nil, checkPod(p.name, start+j, &chunk[j])
 				}
 				changedPods = append(changedPods, &chunk[j])
-			} else if pi.recycling || pi.settling() != nil {
+			} else if pi.recycling() || pi.settling() != nil {
 				r.noteListed(pi, &chunk[j])
 			}
 		}
@@ -746,13 +812,14 @@ func (r *round) observePod(pod *corev1.Pod) {
 	// rule says (OpenSandbox's, for one, looks only at phase and the
 	// Ready condition, which a terminating pod keeps for a while).
 	pi.ready = pod.DeletionTimestamp == nil && r.a.cfg.ready(pod)
+	pi.wasReady = pi.wasReady || pi.ready
 	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	node, zone := pod.Spec.NodeName, pod.Labels[ZoneLabel]
 	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
 		pi.place = p.placeOf(node, zone)
 	}
-	p.refreshFree(pi)
-	if pi.recycling || pi.settling() != nil {
+	p.refresh(pi)
+	if pi.recycling() || pi.settling() != nil {
 		r.noteListed(pi, pod)
 	}
 }
@@ -796,21 +863,21 @@ func olderPod(pod *corev1.Pod, pi *podInfo) bool {
 }
 
 // newIncarnation handles a pod listed under a known name with another UID:
-// a new pod (DESIGN I12). The old one is gone. If nothing refers to the old
+// a new pod (docs/design.md I12). The old one is gone. If nothing refers to the old
 // one any more the new one takes its entry; otherwise it waits in next
 // until the old one is released.
 func (r *round) newIncarnation(old *podInfo, uid types.UID) *podInfo {
 	p := r.p
 	if old.present {
 		old.present, old.ready = false, false
-		p.refreshFree(old)
+		p.refresh(old)
 	}
 	p.seePod(old)
 	if p.holderOf(old) == nil && old.reservedBy() == nil && old.settling() == nil {
 		pi := newPodInfo(old.name(), uid)
 		pi.strays = old.strays
 		if old.freeIdx >= 0 {
-			p.refreshFree(old)
+			p.refresh(old)
 		}
 		p.pods.Set(pi)
 		p.addPod(pi)
@@ -844,7 +911,7 @@ func (r *round) podGone(name string, pi *podInfo) {
 		// pi.rv stays: a lagging listing showing an older version of the
 		// pod must not undo what is known of it.
 		pi.present, pi.ready = false, false
-		p.refreshFree(pi)
+		p.refresh(pi)
 	}
 	r.maybeForget(pi)
 }
@@ -869,6 +936,15 @@ type found struct {
 func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error) {
 	rec, err := r.a.cfg.syncer.Read(o)
 	if err == nil {
+		// A syncer of the caller's may not check names as the default
+		// one does.
+		for _, pods := range [][]string{rec.Allocated, rec.Release, rec.Released} {
+			for _, pod := range pods {
+				if pod == "" || len(pod) > maxPodName {
+					return rec, r.blocked(ci.uid(), ci.name(), fmt.Errorf("%w: %q is not a pod name", syncer.ErrMalformedRecord, pod))
+				}
+			}
+		}
 		return rec, nil
 	}
 	if errors.Is(err, syncer.ErrMalformedRelease) {
@@ -910,17 +986,11 @@ func (r *round) recover(claims []Claim) error {
 		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
 	}
 	p.nHeldPods = 0
-	for pi := range p.pods.All() {
-		pi.recycling, pi.recycled = false, false
-		pi.reserve(nil, time.Time{})
-		pi.setSettle(nil)
+	for _, pi := range p.pods.Entries() {
 		pi.strays = 0
+		p.reset(pi)
 	}
-	clear(p.recycling)
-	clear(p.lost)
 	p.dirty = make(map[*claimInfo]struct{}, len(all))
-	clear(p.reserved)
-	clear(p.settling)
 	p.claims = index.New(claimUID, len(all))
 	for _, s := range p.claimSeen {
 		s.v.idx = -1
@@ -1019,7 +1089,7 @@ func (p *pool) podOrNew(name string) *podInfo {
 // holds pod: the pod has an entry, out of the free list.
 func (r *round) hold(ci *claimInfo, pod string) {
 	r.p.nHeldPods++
-	r.p.refreshFree(r.p.podOrNew(pod))
+	r.p.refresh(r.p.podOrNew(pod))
 }
 
 // heldPod returns the pod ci holds under name, nil if it holds none. The
@@ -1042,10 +1112,10 @@ func (r *round) unhold(ci *claimInfo, pi *podInfo, fence uint64) {
 	if fence != 0 {
 		r.queueUnmark(pi, ci.uid(), fence)
 	}
-	if pi.recycling {
-		pi.recycling, pi.recycled = false, false
-		ci.addRecycling(-1)
-		delete(r.p.recycling, pi.name())
+	pi.handed = false
+	if pi.state == stateRecycling {
+		pi.recycled = false
+		r.p.endActive(pi)
 	}
 	if r.marks() && pi.present && pi.mark != "" && pi.markUID(r.p.name) != ci.uid() {
 		// Marked for another claim, whose record may list it: that
@@ -1114,7 +1184,7 @@ func (r *round) observeClaim(c Claim) error {
 		// may come from anywhere, not only from the object, so they are
 		// taken also from an object whose record is not decoded again. Not
 		// from an object older than the version known, though (a lagging
-		// listing, DESIGN I7): what the caller made of it is older too,
+		// listing, docs/design.md I7): what the caller made of it is older too,
 		// and would hand out or take back pods on a stale word.
 		ci.want, ci.priority = int32(c.Want), c.Priority
 		p.dirty[ci] = struct{}{}
@@ -1181,7 +1251,7 @@ func (r *round) checkRecord(ci *claimInfo, rec syncer.Record) {
 // reserved for.
 func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
 	out := make(map[*claimInfo][]*podInfo)
-	for _, pi := range r.p.reserved {
+	for pi := range r.p.reserved {
 		out[pi.reservedBy()] = append(out[pi.reservedBy()], pi)
 	}
 	return out
@@ -1190,7 +1260,7 @@ func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
 // reservedFor counts the pods reserved for ci.
 func (r *round) reservedFor(ci *claimInfo) int {
 	n := 0
-	for _, pi := range r.p.reserved {
+	for pi := range r.p.reserved {
 		if pi.reservedBy() == ci {
 			n++
 		}
@@ -1220,7 +1290,7 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 }
 
 func (r *round) hasReservations(ci *claimInfo) bool {
-	for _, pi := range r.p.reserved {
+	for pi := range r.p.reserved {
 		if pi.reservedBy() == ci {
 			return true
 		}
@@ -1301,15 +1371,14 @@ func (r *round) unreserve(ci *claimInfo, pods []*podInfo, landed bool) {
 	names := make([]string, len(pods))
 	for i, pi := range pods {
 		names[i] = pi.name()
-		pi.reserve(nil, time.Time{})
-		delete(r.p.reserved, pi.name())
+		r.p.endActive(pi)
 	}
 	r.p.dirty[ci] = struct{}{}
 	if landed {
 		if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), names); err != nil {
-			r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
+			r.storeFail(ci, err)
 			for _, pi := range pods {
-				r.p.refreshFree(pi)
+				r.p.refresh(pi)
 			}
 			return
 		}
@@ -1342,6 +1411,15 @@ func (c *claimInfo) setRelease(release []string) {
 		}
 	}
 	c.tidy()
+}
+
+// storeFail records that the store refused a write about claim ci: the
+// pool's state no longer matches the records, so the round makes no more
+// writes and the pool fails closed (finish), to be rebuilt from the
+// records and marks by the next Round.
+func (r *round) storeFail(ci *claimInfo, err error) {
+	r.failed = true
+	r.errs = append(r.errs, r.claimErr(ci, storeErr(err)))
 }
 
 func (r *round) claimErr(ci *claimInfo, err error) error {
@@ -1426,7 +1504,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		var lost int
 		if replace {
 			for _, pi := range held {
-				if _, ok := p.lost[pi.name()]; ok && !r.alive[pi] {
+				if _, ok := p.lost[pi]; ok && !r.alive[pi] {
 					lost++
 				}
 			}
@@ -1436,7 +1514,7 @@ func (r *round) plan() (algorithm.Action, error) {
 			if ci.consumed(pod) {
 				continue
 			}
-			if pi := p.heldPod(ci, pod); pi != nil && !pi.recycling && !slices.Contains(release, pod) {
+			if pi := p.heldPod(ci, pod); pi != nil && !pi.recycling() && !slices.Contains(release, pod) {
 				release = append(release, pod)
 			}
 		}
@@ -1447,7 +1525,7 @@ func (r *round) plan() (algorithm.Action, error) {
 			if keep-want-len(release) <= 0 {
 				break
 			}
-			if !replace && !pi.present && !pi.recycling && !slices.Contains(release, pi.name()) {
+			if !replace && !pi.present && !pi.recycling() && !slices.Contains(release, pi.name()) {
 				release = append(release, pi.name())
 			}
 		}
@@ -1464,7 +1542,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		req := algorithm.Request{UID: ci.uid(), Claim: ci.name(), Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival)}
 		for _, pi := range held {
 			name := pi.name()
-			if pi.recycling {
+			if pi.recycling() {
 				continue
 			}
 			if replace && r.gone(pi) {
@@ -1493,7 +1571,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		p.offer = nil // let the memory of a larger pool go
 	}
 	p.offer = append(p.offer[:0], p.free...)
-	act, err := r.a.cfg.algorithm.Plan(algorithm.Input{Candidates: p.offer, Requests: reqs})
+	act, err := safePlan(r.a.cfg.algorithm, algorithm.Input{Candidates: p.offer, Requests: reqs})
 	if err != nil {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
@@ -1508,6 +1586,28 @@ func (r *round) plan() (algorithm.Action, error) {
 		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
 	return act, nil
+}
+
+// safePlan runs the strategy, which is a plugin: a panic in it is an error
+// of the plan, not of the process.
+func safePlan(alg algorithm.Algorithm, in algorithm.Input) (act algorithm.Action, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			act, err = algorithm.Action{}, fmt.Errorf("the strategy panicked: %v", v)
+		}
+	}()
+	return alg.Plan(in)
+}
+
+// safeRecycle runs the recycler, which is a plugin: a panic in it is an
+// error of that pod's recycling.
+func safeRecycle(ctx context.Context, recycle Recycler, req RecycleRequest) (done bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			done, err = false, fmt.Errorf("the recycler panicked: %v", v)
+		}
+	}()
+	return recycle(ctx, req)
 }
 
 // lifetimeWant is what a claim wants under WithOpenSandbox, where its Want
@@ -1600,7 +1700,7 @@ func (r *round) checkLost() {
 		return
 	}
 	var absent []*podInfo
-	for _, pi := range r.p.lost {
+	for pi := range r.p.lost {
 		if !pi.present {
 			absent = append(absent, pi)
 		}
@@ -1666,7 +1766,7 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 			return fmt.Errorf("release from claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
 		for _, pod := range g.Pods {
-			if pi := r.p.heldPod(ci, pod); pi == nil || pi.recycling {
+			if pi := r.p.heldPod(ci, pod); pi == nil || pi.recycling() {
 				return fmt.Errorf("claim %s: released pod %s is not held", ci.name(), pod)
 			}
 			if _, dup := taken[pod]; dup {
@@ -1679,16 +1779,10 @@ func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Ac
 }
 
 func (r *round) startRecycling(ci *claimInfo, pi *podInfo) {
-	if pi.recycling {
+	if pi.recycling() {
 		return
 	}
-	pi.recycling = true
-	ci.addRecycling(1)
-	if m := r.a.cfg.metrics; m != nil {
-		m.recycledPods(r.p.name, 1)
-	}
-	r.p.recycling[pi.name()] = pi
-	r.p.refreshFree(pi)
+	r.p.setState(pi, stateRecycling, ci, false)
 }
 
 func (r *round) queueReleases(grants []algorithm.Grant) {
@@ -1781,12 +1875,12 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 			jobs = append(jobs, job{ci, pi, settle})
 		}
 	}
-	for _, pi := range r.p.recycling {
+	for pi := range r.p.recycling {
 		if ci := r.p.holderOf(pi); ci != nil && ci != unknownHolder {
 			add(ci, pi, false)
 		}
 	}
-	for _, pi := range r.p.settling {
+	for pi := range r.p.settling {
 		add(pi.settling(), pi, true)
 	}
 	for _, pods := range done {
@@ -1799,15 +1893,44 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	r.findListed(jobs)
 	results := make([]error, len(jobs))
 	finished := make([]bool, len(jobs))
+	fences := make([]recycleFence, len(jobs))
 	r.parallel(len(jobs), func(i int) {
 		j := jobs[i]
-		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name(), UID: j.pi.uid(), ResourceVersion: j.pi.rv, Claim: j.ci.holder()}
+		rv := j.pi.rv
+		if r.marks() {
+			f := &fences[i]
+			if f.rv, f.err = r.fenceRecycle(j.pi); f.err != nil {
+				return
+			}
+			rv = f.rv
+		}
+		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name(), UID: j.pi.uid(), ResourceVersion: rv, Claim: j.ci.holder()}
 		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid() || o.UID == "") {
 			req.Object = o
 		}
-		finished[i], results[i] = r.a.cfg.recycle(r.ctx, req)
+		finished[i], results[i] = safeRecycle(r.ctx, r.a.cfg.recycle, req)
 	})
 	for i, j := range jobs {
+		switch f := fences[i]; {
+		case f.err == nil:
+			if f.rv != "" && f.rv != j.pi.rv {
+				// The guarded patch made a new version (a client that
+				// writes what changes nothing): the mark is as it was.
+				j.pi.stalePodRV(j.pi.rv)
+				j.pi.rv, j.pi.markOwn = f.rv, false
+			}
+		case apierrors.IsNotFound(f.err):
+			// Gone: recycled without a call, as a pod the listing lacks.
+			finished[i] = true
+		case apierrors.IsConflict(f.err):
+			// The pod changed since the version known: its mark may name
+			// another claim now. Not recycled; the next listing shows it.
+			r.warn(r.claimErr(j.ci, fmt.Errorf("%w: pod %s changed since resourceVersion %s: recycled once a listing shows it still marked for the claim", ErrWrite, j.pi.name(), j.pi.rv)))
+			continue
+		default:
+			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: prove its mark before recycling: %w", ErrRecycle, j.pi.name(), f.err)))
+			continue
+		}
 		if results[i] != nil {
 			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name(), results[i])))
 			continue
@@ -1824,6 +1947,26 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	return done, settled
 }
 
+// recycleFence is the outcome of fenceRecycle for one pod.
+type recycleFence struct {
+	rv  string
+	err error
+}
+
+// fenceRecycle proves, just before a recycler is called, that pi's mark
+// names the claim it is recycled for at the resourceVersion the allocator
+// knows: it writes the mark it knows under that version, a patch that
+// changes nothing and fails with a conflict if the pod changed since
+// (docs/design.md, "Recycling is fenced"). While the pod is marked for the
+// claim, no other allocator can hand it out, and its mark goes only once a
+// record says it was released, which the allocator writes after the
+// recycler. It returns the pod's resourceVersion after the patch. It runs
+// in parallel with other pods' fences and reads only pi.
+func (r *round) fenceRecycle(pi *podInfo) (string, error) {
+	rv, _, err := r.patchMark(pi.name(), pi.rv, pi.mark)
+	return rv, err
+}
+
 // parallel runs f(0..n-1) with at most the configured number at once.
 func (r *round) parallel(n int, f func(i int)) {
 	if n == 0 {
@@ -1831,9 +1974,17 @@ func (r *round) parallel(n int, f func(i int)) {
 	}
 	limit := min(r.a.cfg.writers, n)
 	var wg sync.WaitGroup
+	var panicked atomic.Pointer[any]
 	next := make(chan int)
 	for range limit {
 		wg.Go(func() {
+			defer func() {
+				if v := recover(); v != nil {
+					panicked.CompareAndSwap(nil, &v)
+					for range next { // let the sender finish
+					}
+				}
+			}()
 			for i := range next {
 				f(i)
 			}
@@ -1844,4 +1995,17 @@ func (r *round) parallel(n int, f func(i int)) {
 	}
 	close(next)
 	wg.Wait()
+	if v := panicked.Load(); v != nil {
+		panic(*v) // in the round's goroutine: the pool fails closed (guard)
+	}
+}
+
+// guard turns a panic in a round on pool p (a plugin's: the syncer, the
+// store, the readiness rule; or a bug) into an error: the pool fails
+// closed, and the next Round rebuilds it. The caller holds p's lock.
+func (a *defaultAllocator) guard(p *pool, err *error) {
+	if v := recover(); v != nil {
+		p.violate(fmt.Errorf("panic in a round: %v", v))
+		*err = fmt.Errorf("pool %s: %w: panic in a round: %v", p.name, ErrInconsistent, v)
+	}
 }

@@ -124,7 +124,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	// sample, and its spec's generation: a pod that leaves the record of a
 	// claim whose spec did not change meanwhile, while it is live and still
 	// marked for the claim, must show in its released list, unless the
-	// claim is being deleted (no hand-out lost, DESIGN I7; a pod whose mark
+	// claim is being deleted (no hand-out lost, docs/design.md I7; a pod whose mark
 	// a lagging cache did not show yet may be recycled as of uncertain
 	// use). A claim whose want fell may give any pod back, and the released
 	// list drops it at the next write unless the owner listed it, so a

@@ -1,0 +1,635 @@
+package allocator_test
+
+// Regressions of issue 22 (one pod state, checked every round). Each test
+// failed on the code before the pod state was made one value; those that
+// write run on the real API server and on the fake client (onBoth).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/algorithm"
+	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/internal/testenv"
+	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/store"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// onBoth runs test on the real API server (in a namespace of its own) and
+// on controller-runtime's fake client (namespace "ns").
+func onBoth(t *testing.T, test func(t *testing.T, c client.Client, ns string)) {
+	t.Run("apiserver", func(t *testing.T) {
+		test(t, env.Client, env.Namespace(context.Background(), t))
+	})
+	t.Run("fake", func(t *testing.T) {
+		test(t, newFakeClient(t, nil), "ns")
+	})
+}
+
+// newClaimIn creates claim name of pool "p" in ns wanting want pods. The
+// fake client assigns no UID: it gets uid-<name> (the API server replaces
+// it with its own).
+func newClaimIn(t *testing.T, c client.Client, ns, name string, want int32) *testenv.Claim {
+	t.Helper()
+	cl := testenv.NewClaim(ns, name, "p", want)
+	cl.UID = types.UID("uid-" + name)
+	require.NoError(t, c.Create(context.Background(), cl))
+	return cl
+}
+
+// recordIn reads claim name's record in ns as stored.
+func recordIn(t *testing.T, c client.Client, ns, name string) syncer.Record {
+	t.Helper()
+	var cl testenv.Claim
+	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &cl))
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	rec, err := s.Read(&cl)
+	require.NoError(t, err)
+	return rec
+}
+
+// noPodInTwoRecords fails unless every pod is held by at most one claim's
+// record in ns (I1).
+func noPodInTwoRecords(t *testing.T, c client.Client, pool types.NamespacedName) map[string][]string {
+	t.Helper()
+	s, err := syncer.NewAnnotationSyncer(c, syncer.DefaultKeys())
+	require.NoError(t, err)
+	holdings, err := world.Holdings(context.Background(), c, pool, func(o client.Object) ([]string, error) {
+		rec, err := s.Read(o)
+		return rec.Held(), err
+	})
+	require.NoError(t, err)
+	owner := map[string]string{}
+	for claim, pods := range holdings {
+		for _, pod := range pods {
+			require.NotContains(t, owner, pod, "pod %s is in the records of %s and %s", pod, owner[pod], claim)
+			owner[pod] = claim
+		}
+	}
+	return holdings
+}
+
+// recreatePod deletes pod name at once and creates a fresh, Ready pod of
+// pool "p" under the same name, as a StatefulSet heals itself.
+func recreatePod(t *testing.T, c client.Client, ns, name string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(old), old))
+	require.NoError(t, c.Delete(ctx, old, client.GracePeriodSeconds(0)))
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{testenv.PoolLabel: "p"}, UID: old.UID + "-new"},
+		Spec:       old.Spec,
+	}
+	require.NoError(t, c.Create(ctx, pod))
+	require.NoError(t, testenv.SetPodReady(ctx, c, pod, true))
+	require.NotEqual(t, old.UID, pod.UID)
+	return pod
+}
+
+// Item 1: a held pod deleted and created again under its name (a
+// StatefulSet healing itself) is lost to its claim, not forgotten: the
+// new pod is another pod (I12). Before, the lost set was keyed by name and
+// the new pod's entry cleared the old one's.
+func TestRegressionHeldPodRecreatedUnderItsNameIsLost(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		_, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
+		require.NoError(t, err)
+		newClaimIn(t, c, ns, "c", 1)
+		a, err := allocator.New(c)
+		require.NoError(t, err)
+		res, err := world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Len(t, res.Allocated, 1)
+		held := res.Allocated[0].Pods[0]
+
+		recreatePod(t, c, ns, held)
+		for i := range 3 {
+			res, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.Len(t, res.Lost, 1, "round %d: the claim's pod is gone", i)
+			require.Equal(t, held, res.Lost[0].Pod)
+			require.Equal(t, "c", res.Lost[0].Claim.Name)
+			require.True(t, res.Lost[0].Missing)
+			require.NotContains(t, res.Idle, held, "the new pod under the name waits for the old one's claim")
+			require.NoError(t, allocator.CheckInvariants(a))
+		}
+		require.Equal(t, []string{held}, recordIn(t, c, ns, "c").Held())
+	})
+}
+
+// blockingRecycler blocks the first recycle after arm until release is
+// closed.
+type blockingRecycler struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newBlockingRecycler() *blockingRecycler {
+	return &blockingRecycler{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (b *blockingRecycler) recycle(ctx context.Context, _ allocator.RecycleRequest) (bool, error) {
+	if b.armed.CompareAndSwap(true, false) {
+		close(b.entered)
+		<-b.release
+	}
+	return true, nil
+}
+
+// Item 2: ForgetPool and a round that waits for the pool's lock. The round
+// must not run on the state ForgetPool dropped: there it saw no holdings
+// and, without pod marks, wrote a claim's record without the pod it holds.
+// ForgetPool is made to take the lock first, then the round.
+func TestFakeForgetPoolDoesNotOrphanAWaitingRound(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 4, true)
+	require.NoError(t, err)
+	newClaimIn(t, c, "ns", "keep", 1)
+	give := newClaimIn(t, c, "ns", "give", 1)
+	rec := newBlockingRecycler()
+	a, err := allocator.New(c, allocator.WithPodMarks(false), allocator.WithRecycler(rec.recycle))
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	kept := recordIn(t, c, "ns", "keep").Held()
+	require.Len(t, kept, 1)
+
+	// give hands its pod back: the round that recycles it holds the
+	// pool's lock until the recycler is let go.
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(give), give))
+	give.Annotations[syncer.DefaultKeys().Release] = `{"pods":["` + recordIn(t, c, "ns", "give").Held()[0] + `"]}`
+	require.NoError(t, c.Update(ctx, give))
+	in, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	// The waiting round's listing shows keep changed too (a label, say):
+	// its record is read again.
+	var kc testenv.Claim
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "keep"}, &kc))
+	kc.Labels = map[string]string{"touched": "yes"}
+	require.NoError(t, c.Update(ctx, &kc))
+	later, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	rec.armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = a.Round(ctx, in) })
+	<-rec.entered
+	forgot := make(chan error, 1)
+	wg.Go(func() { forgot <- a.ForgetPool(pool) })
+	time.Sleep(50 * time.Millisecond) // ForgetPool waits for the lock first
+	var waited allocator.Result
+	var waitedErr error
+	wg.Go(func() { waited, waitedErr = a.Round(ctx, later) })
+	time.Sleep(50 * time.Millisecond) // then the round
+	close(rec.release)
+	wg.Wait()
+	require.NoError(t, <-forgot)
+	if waitedErr != nil {
+		require.ErrorIs(t, waitedErr, allocator.ErrWrite, "a write may conflict with the first round's")
+	}
+	_ = waited
+	for range 2 {
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+	}
+	require.Equal(t, kept, recordIn(t, c, "ns", "keep").Held(), "the claim keeps the pod it holds")
+	noPodInTwoRecords(t, c, pool)
+	require.NoError(t, allocator.CheckInvariants(a))
+}
+
+// failFree is a store whose Free fails once while armed.
+type failFree struct {
+	store.AllocationStore
+	armed atomic.Bool
+}
+
+var errFreeDown = errors.New("injected: store refuses Free")
+
+func (s *failFree) Free(pool types.NamespacedName, uid types.UID, pods []string) error {
+	if s.armed.CompareAndSwap(true, false) {
+		return errFreeDown
+	}
+	return s.AllocationStore.Free(pool, uid, pods)
+}
+
+// Item 3: a store error after a durable record write. The write recorded
+// one pod released and another handed out; the store refused the Free and
+// the hand-out never reached it, so without marks the next round handed
+// the new pod to another claim. Now the round fails closed: it returns the
+// store's error and the next round rebuilds the pool from the records.
+func TestRegressionStoreErrorAfterRecordWriteFailsClosed(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		_, err := testenv.CreatePods(ctx, c, ns, "p", 3, true)
+		require.NoError(t, err)
+		cl := newClaimIn(t, c, ns, "c", 1)
+		st := &failFree{AllocationStore: store.NewInMemory()}
+		a, err := allocator.New(c, allocator.WithPodMarks(false), allocator.WithStore(st))
+		require.NoError(t, err)
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		first := recordIn(t, c, ns, "c").Held()
+		require.Len(t, first, 1)
+
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+		cl.Annotations[syncer.DefaultKeys().Release] = `{"pods":["` + first[0] + `"]}`
+		require.NoError(t, c.Update(ctx, cl))
+		st.armed.Store(true)
+		_, err = world.Round(ctx, a, c, pool)
+		require.ErrorIs(t, err, allocator.ErrStore)
+		require.ErrorIs(t, err, errFreeDown)
+		now := recordIn(t, c, ns, "c")
+		require.Len(t, now.Held(), 1, "the write that the store refused to follow is durable")
+		require.Equal(t, first, now.Released)
+
+		d := testenv.NewClaim(ns, "d", "p", 2)
+		d.UID, d.Spec.Priority = "uid-d", 10 // served before c
+		require.NoError(t, c.Create(ctx, d))
+		for range 3 {
+			_, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			noPodInTwoRecords(t, c, pool)
+		}
+		require.Equal(t, now.Held(), recordIn(t, c, ns, "c").Held(), "c keeps the pod its record lists")
+		require.Len(t, recordIn(t, c, ns, "d").Held(), 2)
+		require.NoError(t, allocator.CheckInvariants(a))
+	})
+}
+
+// Item 3, the race: the store's read errors were noted from the round's
+// concurrent writes without a lock. Reads start failing once the round
+// recycles, so that every write of the round meets them (run with -race).
+func TestFakeStoreReadErrorsDuringWritesAreNotARace(t *testing.T) {
+	ctx := context.Background()
+	c := newFakeClient(t, nil)
+	pool := types.NamespacedName{Namespace: "ns", Name: "p"}
+	_, err := testenv.CreatePods(ctx, c, "ns", "p", 8, true)
+	require.NoError(t, err)
+	var claims []*testenv.Claim
+	for _, name := range []string{"a", "b", "c", "d"} {
+		claims = append(claims, newClaimIn(t, c, "ns", name, 2))
+	}
+	st := &failingReads{AllocationStore: store.NewInMemory()}
+	var armed atomic.Bool
+	recycle := func(context.Context, allocator.RecycleRequest) (bool, error) {
+		if armed.Load() {
+			st.fail.Store(true)
+		}
+		return true, nil
+	}
+	a, err := allocator.New(c, allocator.WithStore(st), allocator.WithRecycler(recycle), allocator.WithWriteConcurrency(4))
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	for _, cl := range claims {
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+		cl.Annotations[syncer.DefaultKeys().Release] = `{"pods":["` + recordIn(t, c, "ns", cl.Name).Held()[0] + `"]}`
+		require.NoError(t, c.Update(ctx, cl))
+	}
+	armed.Store(true)
+	_, err = world.Round(ctx, a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrStore)
+	armed.Store(false)
+	st.fail.Store(false)
+	for range 3 {
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+	}
+	holdings := noPodInTwoRecords(t, c, pool)
+	for _, cl := range claims {
+		require.Len(t, holdings[cl.Name], 2, "claim %s is served again", cl.Name)
+	}
+	require.NoError(t, allocator.CheckInvariants(a))
+}
+
+// liveMarkRecycler fails the test unless, each time it is called, the
+// pod's mark on the API server names the claim it is asked to recycle for
+// (or the pod is gone).
+type liveMarkRecycler struct {
+	t     *testing.T
+	c     client.Client
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *liveMarkRecycler) recycle(ctx context.Context, req allocator.RecycleRequest) (bool, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, req.Pod)
+	r.mu.Unlock()
+	var pod corev1.Pod
+	err := r.c.Get(ctx, types.NamespacedName{Namespace: req.Pool.Namespace, Name: req.Pod}, &pod)
+	if err == nil && pod.UID == req.UID {
+		want := req.Claim.Claim.Name + "/" + string(req.Claim.UID)
+		if got := pod.Annotations[allocator.DefaultPodMarkKey]; got != want {
+			r.t.Errorf("recycler called for pod %s and claim %s, but its mark names %q", req.Pod, want, got)
+		}
+	}
+	return true, nil
+}
+
+// Item 4: the recycler is fenced. A stale allocator (its listing from
+// before another allocator released the pod and handed it to another
+// claim) recycles the pod for the claim it remembers: with a restart-style
+// recycler, which takes no precondition, that restarted the new claim's
+// pod. The allocator proves the mark at the version it knows before it
+// calls any recycler.
+func TestRegressionStaleAllocatorRecyclesOnlyUnderItsMark(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		_, err := testenv.CreatePods(ctx, c, ns, "p", 1, true)
+		require.NoError(t, err)
+		cl := newClaimIn(t, c, ns, "c", 1)
+		stale := &liveMarkRecycler{t: t, c: c}
+		a, err := allocator.New(c, allocator.WithRecycler(stale.recycle))
+		require.NoError(t, err)
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Len(t, recordIn(t, c, ns, "c").Held(), 1)
+
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+		cl.Spec.Replicas = 0
+		require.NoError(t, c.Update(ctx, cl))
+		old, err := world.Input(ctx, c, pool)
+		require.NoError(t, err)
+
+		// Another allocator gives the pod back and hands it to d.
+		b, err := allocator.New(c)
+		require.NoError(t, err)
+		for range 3 {
+			_, err = world.Round(ctx, b, c, pool)
+			require.NoError(t, err)
+		}
+		require.Empty(t, recordIn(t, c, ns, "c").Held())
+		newClaimIn(t, c, ns, "d", 1)
+		for range 2 {
+			_, err = world.Round(ctx, b, c, pool)
+			require.NoError(t, err)
+		}
+		require.Len(t, recordIn(t, c, ns, "d").Held(), 1)
+
+		// The stale allocator's round on its old listing.
+		_, err = a.Round(ctx, old)
+		if err != nil {
+			require.ErrorIs(t, err, allocator.ErrWrite)
+		}
+		require.Len(t, recordIn(t, c, ns, "d").Held(), 1, "d keeps its pod")
+		noPodInTwoRecords(t, c, pool)
+	})
+}
+
+// panicOnce panics on its first plan, then plans as Packed.
+type panicOnce struct{ done atomic.Bool }
+
+func (p *panicOnce) Plan(in algorithm.Input) (algorithm.Action, error) {
+	if p.done.CompareAndSwap(false, true) {
+		panic("strategy bug")
+	}
+	return algorithm.Packed{}.Plan(in)
+}
+
+// Item 5: a strategy that panics is a plan error naming the pool, with
+// nothing handed out, and the pool goes on.
+func TestStrategyPanicIsAPlanError(t *testing.T) {
+	ctx := context.Background()
+	c, pool, _ := regressionPool(t, 2, 1)
+	a, err := allocator.New(c, allocator.WithAlgorithm(&panicOnce{}))
+	require.NoError(t, err)
+	var res allocator.Result
+	require.NotPanics(t, func() { res, err = world.Round(ctx, a, c, pool) })
+	require.ErrorIs(t, err, allocator.ErrPlan)
+	require.ErrorContains(t, err, "pool ns/p")
+	require.ErrorContains(t, err, "panic")
+	require.Empty(t, res.Allocated)
+	require.Empty(t, recordOn(t, c, "c").Held())
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Len(t, res.Allocated, 1)
+}
+
+// panicRecycler panics on every call.
+func panicRecycler(context.Context, allocator.RecycleRequest) (bool, error) {
+	panic("recycler bug")
+}
+
+// A recycler that panics is a recycle error: the pod stays held and is
+// offered again.
+func TestRecyclerPanicIsARecycleError(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 2, 1)
+	a, err := allocator.New(c, allocator.WithRecycler(panicRecycler))
+	require.NoError(t, err)
+	first := firstRound(t, a, c, pool).Allocated[0].Pods
+	setReplicas(t, c, cl, 0)
+	var res allocator.Result
+	require.NotPanics(t, func() { res, err = world.Round(ctx, a, c, pool) })
+	require.ErrorIs(t, err, allocator.ErrRecycle)
+	require.ErrorContains(t, err, "panic")
+	require.Equal(t, first, res.Recycling)
+	require.Equal(t, first, recordOn(t, c, "c").Held())
+}
+
+// newPods numbers the pods readmeLoop creates.
+var newPods atomic.Int64
+
+// readmeLoop runs the README's reconciler n times on pool: a Round, then
+// Shortfall - Starting new pods, which a kubelet makes Ready before the
+// next round.
+func readmeLoop(t *testing.T, a allocator.Allocator, c client.Client, pool types.NamespacedName, n int) allocator.Result {
+	t.Helper()
+	ctx := context.Background()
+	var res allocator.Result
+	for range n {
+		pods, err := testenv.ListPods(ctx, c, pool.Namespace, pool.Name)
+		require.NoError(t, err)
+		for i := range pods {
+			if strings.HasPrefix(pods[i].Name, "p-new-") && !testenv.IsPodReady(&pods[i]) {
+				require.NoError(t, testenv.SetPodReady(ctx, c, &pods[i], true))
+			}
+		}
+		res, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		for range res.Shortfall - res.Starting {
+			_, err := createPodIn(t, c, pool.Namespace, fmt.Sprintf("p-new-%d", newPods.Add(1)), false)
+			require.NoError(t, err)
+		}
+	}
+	return res
+}
+
+// Item 6: Starting counts only pods that will serve the shortfall. A pod
+// that broke (it was Ready, it is not any more) and was given back does
+// not: counted as starting, it made the README's loop create nothing, and
+// the second claim waited for ever.
+func TestReadmeLoopServesEveryClaimWhenAPodBreaks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []allocator.Option
+		// release makes claim a give the broken pod back itself.
+		release bool
+	}{
+		{name: "replaced as lost", opts: []allocator.Option{allocator.WithReplaceLost(true)}},
+		{name: "released by its owner", release: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			onBoth(t, func(t *testing.T, c client.Client, ns string) {
+				ctx := context.Background()
+				pool := types.NamespacedName{Namespace: ns, Name: "p"}
+				pods, err := testenv.CreatePods(ctx, c, ns, "p", 1, true)
+				require.NoError(t, err)
+				ca := newClaimIn(t, c, ns, "a", 1)
+				a, err := allocator.New(c, tc.opts...)
+				require.NoError(t, err)
+				res := readmeLoop(t, a, c, pool, 1)
+				require.Len(t, res.Allocated, 1)
+
+				broken := &pods[0]
+				require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(broken), broken))
+				require.NoError(t, testenv.SetPodReady(ctx, c, broken, false))
+				newClaimIn(t, c, ns, "b", 1)
+				res = readmeLoop(t, a, c, pool, 1)
+				if !tc.release {
+					require.Zero(t, res.Starting, "the broken pod serves no one else")
+				}
+				if tc.release {
+					require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(ca), ca))
+					ca.Annotations[syncer.DefaultKeys().Release] = `{"pods":["` + broken.Name + `"]}`
+					require.NoError(t, c.Update(ctx, ca))
+				}
+				res = readmeLoop(t, a, c, pool, 4)
+				require.Zero(t, res.Shortfall)
+				require.Len(t, recordIn(t, c, ns, "a").Held(), 1)
+				require.Len(t, recordIn(t, c, ns, "b").Held(), 1, "b is served")
+				require.NotContains(t, recordIn(t, c, ns, "b").Held(), broken.Name)
+				require.Zero(t, res.Starting, "the broken pod is not counted on")
+			})
+		})
+	}
+}
+
+// createPodIn creates one pod of pool "p" named name.
+func createPodIn(t *testing.T, c client.Client, ns, name string, ready bool) (*corev1.Pod, error) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{testenv.PoolLabel: "p"}, UID: types.UID("uid-" + name)},
+		Spec:       corev1.PodSpec{NodeName: "node-0", Containers: []corev1.Container{{Name: "main", Image: testenv.PodImage}}},
+	}
+	if err := c.Create(context.Background(), pod); err != nil {
+		return nil, err
+	}
+	if ready {
+		return pod, testenv.SetPodReady(context.Background(), c, pod, true)
+	}
+	return pod, nil
+}
+
+// Item 7: a mark removed by hand. The allocator that marked the pod and
+// wrote the record knows it holds the pod: it marks it again and the
+// claim keeps it. A new allocator cannot tell a forged record from its
+// own: it recycles the pod, and then serves the claim anew.
+func TestRegressionMarkRemovedByHandIsRestoredByItsHolder(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		pods, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
+		require.NoError(t, err)
+		newClaimIn(t, c, ns, "c", 1)
+		rec := &recordingRecycler{}
+		a, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
+		require.NoError(t, err)
+		res, err := world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		held := res.Allocated[0].Pods
+		pod := &pods[slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Name == held[0] })]
+		markPod(t, c, pod, "")
+
+		for range 3 {
+			res, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.Empty(t, res.Allocated)
+			require.Empty(t, res.Released)
+		}
+		require.Empty(t, rec.recycled(), "the holder does not destroy its own pod")
+		require.Equal(t, held, recordIn(t, c, ns, "c").Held())
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(pod), pod))
+		require.NotEmpty(t, pod.Annotations[allocator.DefaultPodMarkKey], "marked again")
+
+		// After a restart the record alone is not believed: the pod is
+		// recycled, and the claim is served anew.
+		markPod(t, c, pod, "")
+		rec2 := &recordingRecycler{}
+		b, err := allocator.New(c, allocator.WithRecycler(rec2.recycle))
+		require.NoError(t, err)
+		for i := range 4 {
+			res, err = world.Round(ctx, b, c, pool)
+			require.NoError(t, err, "round %d", i)
+		}
+		require.Equal(t, held, rec2.recycled())
+		require.Len(t, recordIn(t, c, ns, "c").Held(), 1, "served anew")
+		require.Zero(t, res.Shortfall)
+		require.Equal(t, 1, res.IdleCount)
+		noPodInTwoRecords(t, c, pool)
+		require.NoError(t, allocator.CheckInvariants(b))
+	})
+}
+
+// Item 10: a record edited to list another claim's pod is rewritten
+// without it at recovery, and the round says so.
+func TestRegressionForgedRecordReportedAtRecovery(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		_, err := testenv.CreatePods(ctx, c, ns, "p", 3, true)
+		require.NoError(t, err)
+		newClaimIn(t, c, ns, "a", 1)
+		a, err := allocator.New(c)
+		require.NoError(t, err)
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		newClaimIn(t, c, ns, "b", 1)
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		ofA, ofB := recordIn(t, c, ns, "a").Held(), recordIn(t, c, ns, "b").Held()
+
+		var cb testenv.Claim
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "b"}, &cb))
+		forged, err := syncer.EncodePods(append(slices.Clone(ofB), ofA...))
+		require.NoError(t, err)
+		cb.Annotations[syncer.DefaultKeys().Allocated] = forged
+		require.NoError(t, c.Update(ctx, &cb))
+
+		b, err := allocator.New(c)
+		require.NoError(t, err)
+		res, err := world.Round(ctx, b, c, pool)
+		require.NoError(t, err)
+		var ce *allocator.ClaimError
+		i := slices.IndexFunc(res.Warnings, func(w error) bool {
+			return errors.Is(w, allocator.ErrUntrustedRecord) && errors.As(w, &ce) && ce.Claim.Name == "b"
+		})
+		require.GreaterOrEqual(t, i, 0, "warnings: %v", res.Warnings)
+		require.ErrorContains(t, res.Warnings[i], ofA[0])
+		require.Equal(t, ofB, recordIn(t, c, ns, "b").Held())
+		require.Equal(t, ofA, recordIn(t, c, ns, "a").Held())
+	})
+}
