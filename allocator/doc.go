@@ -61,13 +61,16 @@
 // once, through failovers and listings that lag by less than a quarantine
 // (with one limit: records name pods, not UIDs; see WithPodMarks).
 //
-// The rules every allocator follows are set out in fence.go; in short: a
+// The rules every allocator follows are set out in fence.go and
+// docs/design.md; in short: a
 // newer record is taken in, filtered by the marks; a write keeps only pods
 // the version it replaces lists and that are marked for the claim, and adds
 // a pod only under a mark newer than that version; a pod whose holder is
 // uncertain (listed without a mark, or marked without being listed) is
 // recycled for the claim that names it before anyone else gets it; a mark
-// goes only once a newer record no longer lists the pod. This rests on
+// goes only once a newer record no longer lists the pod; and before any
+// recycler runs, the pod's mark is proven on the API server at the
+// resourceVersion the allocator knows. This rests on
 // resourceVersions that order writes across pods and claims, as the API
 // server's do; build controller-runtime's fake client with
 // WithGlobalResourceVersionCounter in tests.
@@ -102,19 +105,24 @@
 //   - ErrPoolBlocked: a claim's record cannot be trusted (malformed, a pod
 //     listed by two claims). The pool fails closed: nothing in it is
 //     allocated or released until the record is fixed. Other pools go on.
-//   - ErrPlan: the algorithm failed or broke its contract; nothing was
-//     committed.
+//   - ErrPlan: the algorithm failed, panicked or broke its contract;
+//     nothing was committed.
 //   - ErrWrite: a claim's record, or a pod's mark, could not be written;
 //     the claim and the store are as they were, and the next round
 //     retries. A write whose outcome is unknown keeps its pods out of the
 //     pool until it is settled.
-//   - ErrRecycle: the recycler failed for a pod; it stays held and is
-//     offered again next round.
+//   - ErrRecycle: the recycler failed (or panicked) for a pod; it stays
+//     held and is offered again next round.
 //   - ErrRead: a live read of a pod or claim failed; what depended on it
 //     waits for the next round.
 //   - ErrStore: the store could not say who holds what, or refused a
-//     write; nothing was decided on a guess, and the next round tries
-//     again.
+//     write; nothing was decided on a guess. The pool failed closed: the
+//     next Round rebuilds it from the records and marks.
+//   - ErrInconsistent: the pool's state broke its own rules (a pod asked
+//     to make a move its state diagram does not have, a failed self-check
+//     with WithInvariantChecks, a panic in a plugin other than the
+//     algorithm and the recycler). The pool failed closed, as for
+//     ErrStore.
 //   - context.Canceled, context.DeadlineExceeded: ctx ended (see Round).
 //
 // A Round that returns an error still returns a valid Result; run another

@@ -38,9 +38,13 @@ type RecycleRequest struct {
 	// Pod is the pod's name.
 	Pod string
 	// UID and ResourceVersion are the pod's as the allocator last saw it,
-	// with its mark naming Claim. A recycler that writes to the pod should
-	// use them as preconditions, so that it never touches a pod recreated
-	// under the name or handed to another claim meanwhile.
+	// with its mark naming Claim. With pod marks the allocator has just
+	// proven on the API server that the pod is at ResourceVersion, marked
+	// for Claim (a patch of the mark guarded by it, which changes
+	// nothing); the pod stays marked for Claim until the allocator records
+	// its release, after the recycler. A recycler that writes to the pod
+	// should still use them as preconditions, so that it is safe without
+	// pod marks too.
 	UID             types.UID
 	ResourceVersion string
 	// Claim is the claim the pod is given back by.
@@ -58,8 +62,11 @@ type RecycleRequest struct {
 // Recycler makes a pod given back by a claim fit to hand out again: it may
 // do nothing, delete the pod, or restart it. It is called once per round for
 // each pod being recycled until it reports done; a pod that no longer exists
-// counts as recycled without a call. With pod marks it is called only while
-// the pod's mark names req.Claim. It must be safe for concurrent use.
+// counts as recycled without a call. With pod marks it is called only once
+// the allocator proved the pod's mark names req.Claim (see RecycleRequest),
+// so a recycler that takes no precondition (a restart) never acts on a pod
+// handed to another claim. It must be safe for concurrent use. A panic in
+// it is an ErrRecycle for that pod.
 type Recycler func(ctx context.Context, req RecycleRequest) (done bool, err error)
 
 // RecycleNoop reports every pod recycled at once: pods go straight back to
