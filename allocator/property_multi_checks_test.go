@@ -1,0 +1,400 @@
+package allocator_test
+
+// Checks of the multi-allocator machine (property_multi_test.go): the
+// invariants on the server after every step and right after every write
+// an allocator makes, and liveness at the end of a history. What they
+// tolerate is listed in property_multi_exempt_test.go.
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"pgregory.net/rapid"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/allocator"
+)
+
+// mmDirty says a pod (by UID) was seen with an uncertain holder: claim,
+// the one it was uncertain for, and why.
+type mmDirty struct {
+	claim types.UID
+	why   string
+}
+
+// mmViolation is a broken invariant: kind names it (the failure message,
+// kept free of resourceVersions and timing so that a replay fails alike),
+// text says what and where.
+type mmViolation struct{ kind, text string }
+
+// failWith logs the violations and ends the history with their kinds.
+func (m *mmMachine) failWith(vs []mmViolation) {
+	m.t.Helper()
+	if len(vs) == 0 {
+		return
+	}
+	var kinds []string
+	for _, v := range vs {
+		m.logf("VIOLATION %s", v.text)
+		if !slices.Contains(kinds, v.kind) {
+			kinds = append(kinds, v.kind)
+		}
+	}
+	slices.Sort(kinds)
+	m.fatalf("%s", strings.Join(kinds, "; "))
+}
+
+// checkDrops checks I7 between two states: a live claim's record stops
+// holding a pod only for a reason in mayGo. m.mu held.
+func (m *mmMachine) checkDrops(old, st *mmState, where string) []mmViolation {
+	var out []mmViolation
+	if old == nil {
+		return nil
+	}
+	for _, c := range st.claims {
+		was := old.byUID[c.uid]
+		if c.terminating || was == nil {
+			continue
+		}
+		for _, p := range was.held {
+			if slices.Contains(c.held, p) || m.mayGo[mmPair{c.uid, p}] {
+				continue
+			}
+			if pod := st.pods[p]; pod == nil || !pod.ready || pod.terminating || m.marks && pod.mark != c.mark() {
+				continue // lost, or not (or no longer) marked for it
+			}
+			out = append(out, mmViolation{"I7: a claim lost a pod it held, wanted and did not release",
+				fmt.Sprintf("I7 %s: the record of %s (want %d) no longer holds pod %s, which is ready, still its (by mark, with marks) and not released by its owner",
+					where, c.name, c.want, p)})
+		}
+	}
+	return out
+}
+
+// checkState checks EXCL, I11 and I13 on st. m.mu held. writer is the
+// allocator whose write st follows, nil after a step.
+func (m *mmMachine) checkState(st *mmState, where string, writer *mmAlloc) []mmViolation {
+	var out []mmViolation
+	holders := st.holders()
+	for _, p := range slices.Sorted(maps.Keys(holders)) {
+		// A record may still name a pod that was deleted and recreated
+		// under that name: the name no longer denotes the pod the record
+		// got (a pod is its name and UID). An allocator that does not
+		// see the record naming it may hand the new pod out before the
+		// name is dropped from the record: the old pool of a claim moved
+		// to another pool, which cannot list the claim, or an allocator
+		// whose claim listing lags behind the record (a documented
+		// limit, README "Many allocators"). An allocator whose listing
+		// shows the record naming the pod must not.
+		cs := slices.DeleteFunc(slices.Clone(holders[p]), func(c *mmClaim) bool {
+			pair := mmPair{c.uid, p}
+			if !m.exemptRecreate[pair] {
+				return false
+			}
+			if c.pool != m.podPool[p] || m.exemptStale[pair] {
+				return true
+			}
+			if len(holders[p]) > 1 && writer != nil && !m.listing[writer].names(c.uid, p) {
+				m.exemptStale[pair] = true
+				return true
+			}
+			return false
+		})
+		if len(cs) > 1 {
+			names := make([]string, len(cs))
+			for i, c := range cs {
+				names[i] = c.name
+			}
+			out = append(out, mmViolation{"EXCL: a pod is held by two records", fmt.Sprintf("EXCL %s: pod %s is held by the records of %v at once", where, p, names)})
+		}
+	}
+	for _, c := range st.claims {
+		if c.err != nil {
+			out = append(out, mmViolation{"a record is unreadable", fmt.Sprintf("%s: record unreadable: %v", where, c.err)})
+		}
+	}
+	if !m.marks {
+		return out
+	}
+	for _, c := range st.claims {
+		for _, p := range c.held {
+			pod := st.pods[p]
+			if pod == nil {
+				continue
+			}
+			if pair := (mmPair{c.uid, p}); pod.mark != c.mark() && !m.exemptRecreate[pair] && !m.exemptPremark[pair] {
+				out = append(out, mmViolation{"I11: a record holds a pod whose mark names another claim or none",
+					fmt.Sprintf("I11 %s: the record of %s holds pod %s, whose mark is %q", where, c.name, p, pod.mark)})
+			}
+			if d, ok := m.dirty[pod.uid]; ok && d.claim != c.uid && !m.exemptRecreate[mmPair{c.uid, p}] {
+				out = append(out, mmViolation{"I13: an uncertain pod went to another claim unrecycled",
+					fmt.Sprintf("I13 %s: the record of %s holds pod %s, whose holder was uncertain (%s) and which was not recycled since", where, c.name, p, d.why)})
+			}
+		}
+	}
+	return out
+}
+
+// observe updates the uncertain pods (I13) and the I11 exemptions after a
+// step. m.mu held.
+func (m *mmMachine) observe(st *mmState) {
+	for pair := range m.exemptRecreate {
+		if c := st.byUID[pair.claim]; c == nil || !slices.Contains(c.held, pair.pod) {
+			delete(m.exemptRecreate, pair)
+			delete(m.exemptStale, pair)
+		}
+	}
+	for pair := range m.exemptPremark {
+		c, pod := st.byUID[pair.claim], st.pods[pair.pod]
+		if c == nil || !slices.Contains(c.held, pair.pod) || pod != nil && pod.mark == c.mark() {
+			delete(m.exemptPremark, pair)
+		}
+	}
+	if !m.marks {
+		return
+	}
+	uids := make(map[types.UID]bool, len(st.pods))
+	for _, pod := range st.pods {
+		uids[pod.uid] = true
+	}
+	for uid := range m.dirty {
+		if !uids[uid] {
+			delete(m.dirty, uid) // deleted: a pod under that name is a new one
+		}
+	}
+	holders := st.holders()
+	for _, name := range slices.Sorted(maps.Keys(st.pods)) {
+		pod := st.pods[name]
+		hs := holders[name]
+		if pod.mark != "" {
+			uid := parseMarkUID(pod.mark)
+			c := st.byUID[uid]
+			switch {
+			case c != nil && slices.Contains(c.held, name) && len(hs) == 1:
+				delete(m.dirty, pod.uid) // held and marked: certain
+			case m.recycledUnder[pod.uid] == pod.mark:
+				// recycled under this mark already
+			case c == nil:
+				m.setDirty(pod, uid, "marked for "+pod.mark+", a claim that does not exist")
+			case !slices.Contains(c.held, name) && !slices.Contains(c.released, name) && m.exposed[pod.uid] == c.uid:
+				m.setDirty(pod, uid, "marked for "+c.name+", whose record held it and no longer lists it")
+			}
+		}
+		for _, c := range hs {
+			if pod.mark != c.mark() && !m.exemptRecreate[mmPair{c.uid, name}] {
+				m.setDirty(pod, c.uid, fmt.Sprintf("held by the record of %s, marked %q", c.name, pod.mark))
+			}
+		}
+	}
+}
+
+func (m *mmMachine) setDirty(pod *mmPod, claim types.UID, why string) {
+	if _, ok := m.dirty[pod.uid]; !ok {
+		m.dirty[pod.uid] = mmDirty{claim: claim, why: why}
+	}
+}
+
+// failOnViolations ends the history if an interceptor found a violation.
+func (m *mmMachine) failOnViolations() {
+	m.t.Helper()
+	m.mu.Lock()
+	vs, journal := m.violations, m.journal
+	m.violations, m.journal = nil, nil
+	m.mu.Unlock()
+	for _, j := range journal {
+		m.logf("    %s", j)
+	}
+	m.failWith(vs)
+}
+
+// check is the "" action: the invariants after every step.
+func (m *mmMachine) check(t *rapid.T) {
+	m.t = t
+	t.Helper()
+	m.failOnViolations()
+	st, err := m.readState()
+	m.must(err, "read state")
+	m.mu.Lock()
+	m.snapshot(st)
+	vs := m.checkState(st, "after the step", nil)
+	m.observe(st)
+	m.mu.Unlock()
+	m.stats.checks.Add(1)
+	m.cur = st
+	m.logState(st)
+	m.failWith(vs)
+}
+
+// afterWrite journals a write of al and checks the state right after it.
+// m.writeMu held.
+func (m *mmMachine) afterWrite(al *mmAlloc, obj client.Object, verb string) {
+	m.stats.writes.Add(1)
+	m.acts.Add(1)
+	var what string
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		what = fmt.Sprintf("pod %s mark %q rv %s", o.Name, o.Annotations[mmMarkKey], o.ResourceVersion)
+	default:
+		held, released, _, err := mmDecode(obj)
+		what = fmt.Sprintf("claim %s rv %s held %v released %v finalizers %v", obj.GetName(), obj.GetResourceVersion(), held, released, obj.GetFinalizers())
+		if err != nil {
+			what += fmt.Sprintf(" (%v)", err)
+		}
+	}
+	_, isPod := obj.(*corev1.Pod)
+	old := m.last
+	st, err := m.read(isPod, !isPod)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.journal = append(m.journal, fmt.Sprintf("a%d %s %s", al.id, verb, what))
+	if err != nil {
+		m.violations = append(m.violations, mmViolation{"read state", fmt.Sprintf("read state after a%d's write: %v", al.id, err)})
+		return
+	}
+	m.stats.checks.Add(1)
+	m.snapshot(st)
+	where := fmt.Sprintf("right after a%d's %s of %s", al.id, verb, what)
+	m.violations = append(m.violations, m.checkState(st, where, al)...)
+	m.violations = append(m.violations, m.checkDrops(old, st, where)...)
+}
+
+// afterRecycleDelete snapshots the pods after the recycler deleted one.
+// m.writeMu held.
+func (m *mmMachine) afterRecycleDelete(al *mmAlloc, name string) {
+	st, err := m.read(true, false)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.violations = append(m.violations, mmViolation{"read state", fmt.Sprintf("read state after a%d's recycler deleted %s: %v", al.id, name, err)})
+		return
+	}
+	m.snapshot(st)
+	m.violations = append(m.violations, m.checkState(st, fmt.Sprintf("right after a%d's recycler deleted %s", al.id, name), al)...)
+}
+
+// settle stops all allocators but one and lets it run rounds on fresh
+// listings, then checks liveness.
+func (m *mmMachine) settle(t *rapid.T) {
+	m.t = t
+	var al *mmAlloc
+	if len(m.allocs) == 0 {
+		al = m.startAllocator(t)
+	} else {
+		al = m.allocs[index(t, len(m.allocs), "survivor index")]
+	}
+	for _, x := range slices.Clone(m.allocs) {
+		if x != al {
+			m.dropAllocator(x, "end of history")
+		}
+	}
+	m.mu.Lock()
+	m.recMode = recycleDone
+	m.mu.Unlock()
+	m.logf("settle: a%d alone, recycler done, up to %d rounds per pool", al.id, mmSettleRounds)
+	// Three rounds per pool in a row without a write or a recycler call,
+	// the clock past the quarantine each time, are as far as it goes.
+	quiet := 0
+	for i := 0; i < mmSettleRounds && quiet < 3; i++ {
+		before := m.acts.Load()
+		for _, pool := range mmPools {
+			r := &mmRound{al: al, l: m.freshListing(pool)}
+			al.seen[pool] = m.run(r)
+			m.logRound(r)
+			m.failOnViolations()
+		}
+		m.clock.Step(allocator.DefaultQuarantine + time.Second)
+		m.check(t)
+		if m.acts.Load() == before {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
+	m.liveness()
+}
+
+func (m *mmMachine) liveness() {
+	st := m.cur
+	var errs []mmViolation
+	add := func(kind, format string, args ...any) {
+		errs = append(errs, mmViolation{"liveness: " + kind, "liveness: " + fmt.Sprintf(format, args...)})
+	}
+	holders := st.holders()
+	short := make(map[string][]string) // pool → short claims
+	shortOS := make(map[string][]*mmClaim)
+	for _, c := range st.claims {
+		for _, p := range c.held {
+			// A name whose pod is gone is a lost pod, kept as any lost
+			// pod is (WithReplaceLost drops those), whatever its pool.
+			// So is a name whose pod was recreated since the record got
+			// it: the record's pod is gone.
+			if pool := m.podPool[p]; pool != c.pool && st.pods[p] != nil && !m.exemptRecreate[mmPair{c.uid, p}] {
+				add("a record holds a pod of another pool", "record of %s (pool %s) still holds pod %s of pool %q", c.name, c.pool, p, pool)
+			}
+		}
+		if c.terminating {
+			if len(c.held) > 0 {
+				add("a terminating claim holds pods", "terminating claim %s still holds %v", c.name, c.held)
+			}
+			continue
+		}
+		if mmOpenSandbox {
+			// Want bounds what the record lists over the claim's
+			// lifetime; a lower Want takes nothing back.
+			if len(c.listed) < c.want {
+				short[c.pool] = append(short[c.pool], fmt.Sprintf("%s (lists %d of %d)", c.name, len(c.listed), c.want))
+				shortOS[c.pool] = append(shortOS[c.pool], c)
+			}
+			continue
+		}
+		if len(c.held) > c.want {
+			add("a claim holds more than it wants", "claim %s holds %v, more than the %d it wants", c.name, c.held, c.want)
+		}
+		if len(c.held) < c.want {
+			short[c.pool] = append(short[c.pool], fmt.Sprintf("%s (holds %d of %d)", c.name, len(c.held), c.want))
+		}
+	}
+	// takable reports whether a short claim of pool may take pod: under
+	// WithOpenSandbox, not one its record lists already.
+	takable := func(pool, pod string) bool {
+		if !mmOpenSandbox {
+			return true
+		}
+		for _, c := range shortOS[pool] {
+			if !slices.Contains(c.listed, pod) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, name := range slices.Sorted(maps.Keys(st.pods)) {
+		pod := st.pods[name]
+		if m.marks && pod.mark != "" {
+			c := st.byUID[parseMarkUID(pod.mark)]
+			if c == nil || !slices.Contains(c.held, name) {
+				add("a pod is marked for a claim whose record does not hold it", "pod %s is marked %q but that claim's record does not hold it", name, pod.mark)
+			}
+		}
+		if s := short[pod.pool]; len(s) > 0 && pod.ready && len(holders[name]) == 0 && (!m.marks || pod.mark == "") && takable(pod.pool, name) {
+			add("a ready pod is left unheld while a claim is short", "pod %s is ready, unheld and unmarked while %v are short", name, s)
+		}
+	}
+	if m.marks {
+		for _, c := range st.claims {
+			for _, p := range c.held {
+				if pod := st.pods[p]; pod != nil && pod.mark != c.mark() && !m.exemptRecreate[mmPair{c.uid, p}] {
+					add("a record holds a pod not marked for it", "the record of %s holds pod %s, whose mark is %q", c.name, p, pod.mark)
+				}
+			}
+		}
+	}
+	if len(errs) > 0 {
+		m.logf("after the settle rounds by one allocator:")
+	}
+	m.failWith(errs)
+}
