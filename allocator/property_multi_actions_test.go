@@ -208,8 +208,9 @@ func (m *mmMachine) concurrentRounds(t *rapid.T) {
 	a1 := m.pickAlloc(t)
 	a2 := a1
 	// Two instances, mostly; one instance's two rounds (without marks,
-	// always) run free, in an order that does not replay.
-	if m.marks && rapid.IntRange(0, 3).Draw(t, "same allocator if 3") != 3 {
+	// always: limitUnfencedOneProcess) run free, in an order that does not
+	// replay.
+	if !m.limitUnfencedOneProcess() && rapid.IntRange(0, 3).Draw(t, "same allocator if 3") != 3 {
 		others := slices.DeleteFunc(slices.Clone(m.allocs), func(x *mmAlloc) bool { return x == a1 })
 		if len(others) == 0 {
 			m.stats.joins.Add(1)
@@ -291,20 +292,8 @@ func (m *mmMachine) enableMarks(t *rapid.T) {
 	}
 	m.marks = true
 	m.mu.Lock()
-	// Processes that start with pod marks list afresh: no listing they
-	// act on dates from before the switch (a documented condition of the
-	// switch; an older one may not show a record written without marks,
-	// and nothing then fences the pods it lists).
-	m.podSnaps, m.claimSnaps = nil, nil
-	m.snapshot(m.cur)
-	for _, c := range m.cur.claims {
-		for _, p := range c.held {
-			m.exemptPremark[mmPair{c.uid, p}] = true
-			if pod := m.cur.pods[p]; pod != nil {
-				m.setDirty(pod, c.uid, "held by the record of "+c.name+", written without pod marks")
-			}
-		}
-	}
+	m.limitMarksSwitchListsAfresh()
+	m.notePremark()
 	m.mu.Unlock()
 	m.logf("pod marks on from now (records written without them stay)")
 }
@@ -423,12 +412,7 @@ func (m *mmMachine) recreatePod(t *rapid.T) {
 	ready := rapid.IntRange(0, 3).Draw(t, "ready unless 3") != 3
 	pod := m.createPod(m.podPool[name], name, ready)
 	m.mu.Lock()
-	for _, c := range m.cur.claims {
-		if slices.Contains(c.held, name) {
-			m.exemptRecreate[mmPair{c.uid, name}] = true
-			m.mayGo[mmPair{c.uid, name}] = true
-		}
-	}
+	m.noteRecreated(name)
 	m.mu.Unlock()
 	m.stats.recreates.Add(1)
 	m.logf("pod %s recreated (uid %s) ready=%t", name, pod.UID, ready)
@@ -553,10 +537,7 @@ func (m *mmMachine) forceDeleteClaim(t *rapid.T) {
 	if !ok {
 		t.Skip("claim gone")
 	}
-	if m.premark(c.uid) {
-		// Its record lists pods written without marks, which nothing
-		// ties to it once it is gone: a documented limit of records
-		// written without pod marks (README, guarantee 6).
+	if m.limitPremarkClaim(c.uid) {
 		t.Skip("the claim's record lists pods without pod marks")
 	}
 	if len(cl.Finalizers) > 0 {
@@ -573,9 +554,7 @@ func (m *mmMachine) forceDeleteClaim(t *rapid.T) {
 
 // moveClaim changes a claim's pool while no allocator runs.
 func (m *mmMachine) moveClaim(t *rapid.T) {
-	if !m.marks {
-		// Without pod marks nothing tells the old pool that a moved
-		// claim's pods are dirty: a documented limit of WithPodMarks(false).
+	if m.limitUnfencedNoMoves() {
 		t.Skip("pod marks are off")
 	}
 	c := m.pickClaim(t)
@@ -583,8 +562,7 @@ func (m *mmMachine) moveClaim(t *rapid.T) {
 	if !ok {
 		t.Skip("claim gone")
 	}
-	if m.premark(c.uid) {
-		// Its record lists pods written without marks: the same limit.
+	if m.limitPremarkClaim(c.uid) {
 		t.Skip("the claim's record lists pods without pod marks")
 	}
 	for _, al := range slices.Clone(m.allocs) {
@@ -597,13 +575,7 @@ func (m *mmMachine) moveClaim(t *rapid.T) {
 	cl.Spec.PoolRef = to
 	m.must(m.w.raw.Update(m.ctx, cl), "move claim")
 	m.mu.Lock()
-	for pair := range m.exemptRecreate {
-		if pair.claim == c.uid {
-			// Moved back later, its record and another claim's may both
-			// name the recreated pod: no allocator ran to tell them apart.
-			m.exemptStale[pair] = true
-		}
-	}
+	m.noteMoved(c.uid)
 	m.mu.Unlock()
 	m.stats.moves.Add(1)
 	m.logf("while no allocator runs, claim %s moves to pool %s (held %v)", c.name, to, c.held)

@@ -1,9 +1,35 @@
 package allocator_test
 
-// Checks of the multi-allocator machine (property_multi_test.go): the
-// invariants on the server after every step and right after every write
-// an allocator makes, and liveness at the end of a history. What they
-// tolerate is listed in property_multi_exempt_test.go.
+// Checks of the multi-allocator machine (property_multi_test.go). What
+// they tolerate is not decided here: each exemption is a named function in
+// property_multi_exempt_test.go, with the invariant it relaxes and why.
+//
+// Checked on the server, after every step and, from an interceptor on the
+// allocators' clients, right after every write an allocator makes (writes
+// and checks are serialized by a mutex, so a check sees the state of that
+// instant):
+//
+//   - EXCL: no pod name is held (allocated minus released) by two claims'
+//     records.
+//   - I11 (pod marks on): every pod a record holds carries a mark naming
+//     that claim.
+//   - I13 (pod marks on): a pod seen, after a step, marked for a claim whose
+//     record held it under that mark and now lists it neither held nor
+//     released, or marked for a claim that does not exist, or held by a
+//     record without its mark, is uncertain; it must go through the
+//     recycler (or be deleted) before another claim's record holds it.
+//   - I7 (no swap): a live claim's record stops holding a pod only for a
+//     reason (checked right after each claim write).
+//
+// At the end of each history all allocators but one stop; the survivor runs
+// rounds on fresh listings of both pools, the clock advancing past
+// allocator.DefaultQuarantine each time, with the recycler finishing everything,
+// for mmSettleRounds rounds per pool (fewer once three in a row wrote and
+// recycled nothing). Then (liveness): every live claim holds at most what it
+// wants, a claim that holds less has no ready pod of its pool left unheld
+// and unmarked, no pod is marked for a claim whose record does not hold it,
+// every record holds only pods of its claim's current pool, a terminating
+// claim holds nothing, and I11 holds. The allocator must not panic either.
 
 import (
 	"fmt"
@@ -50,7 +76,7 @@ func (m *mmMachine) failWith(vs []mmViolation) {
 }
 
 // checkDrops checks I7 between two states: a live claim's record stops
-// holding a pod only for a reason in mayGo. m.mu held.
+// holding a pod only for a reason exemptDrop accepts. m.mu held.
 func (m *mmMachine) checkDrops(old, st *mmState, where string) []mmViolation {
 	var out []mmViolation
 	if old == nil {
@@ -58,15 +84,12 @@ func (m *mmMachine) checkDrops(old, st *mmState, where string) []mmViolation {
 	}
 	for _, c := range st.claims {
 		was := old.byUID[c.uid]
-		if c.terminating || was == nil {
+		if was == nil {
 			continue
 		}
 		for _, p := range was.held {
-			if slices.Contains(c.held, p) || m.mayGo[mmPair{c.uid, p}] {
+			if slices.Contains(c.held, p) || m.exemptDrop(st, c, p) {
 				continue
-			}
-			if pod := st.pods[p]; pod == nil || !pod.ready || pod.terminating || m.marks && pod.mark != c.mark() {
-				continue // lost, or not (or no longer) marked for it
 			}
 			out = append(out, mmViolation{"I7: a claim lost a pod it held, wanted and did not release",
 				fmt.Sprintf("I7 %s: the record of %s (want %d) no longer holds pod %s, which is ready, still its (by mark, with marks) and not released by its owner",
@@ -82,28 +105,11 @@ func (m *mmMachine) checkState(st *mmState, where string, writer *mmAlloc) []mmV
 	var out []mmViolation
 	holders := st.holders()
 	for _, p := range slices.Sorted(maps.Keys(holders)) {
-		// A record may still name a pod that was deleted and recreated
-		// under that name: the name no longer denotes the pod the record
-		// got (a pod is its name and UID). An allocator that does not
-		// see the record naming it may hand the new pod out before the
-		// name is dropped from the record: the old pool of a claim moved
-		// to another pool, which cannot list the claim, or an allocator
-		// whose claim listing lags behind the record (a documented
-		// limit, README "Many allocators"). An allocator whose listing
-		// shows the record naming the pod must not.
+		if len(holders[p]) < 2 {
+			continue
+		}
 		cs := slices.DeleteFunc(slices.Clone(holders[p]), func(c *mmClaim) bool {
-			pair := mmPair{c.uid, p}
-			if !m.exemptRecreate[pair] {
-				return false
-			}
-			if c.pool != m.podPool[p] || m.exemptStale[pair] {
-				return true
-			}
-			if len(holders[p]) > 1 && writer != nil && !m.listing[writer].names(c.uid, p) {
-				m.exemptStale[pair] = true
-				return true
-			}
-			return false
+			return m.exemptUnseenRecord(c, p, writer)
 		})
 		if len(cs) > 1 {
 			names := make([]string, len(cs))
@@ -118,20 +124,20 @@ func (m *mmMachine) checkState(st *mmState, where string, writer *mmAlloc) []mmV
 			out = append(out, mmViolation{"a record is unreadable", fmt.Sprintf("%s: record unreadable: %v", where, c.err)})
 		}
 	}
-	if !m.marks {
+	if m.exemptUnfenced() {
 		return out
 	}
 	for _, c := range st.claims {
 		for _, p := range c.held {
 			pod := st.pods[p]
-			if pod == nil {
+			if m.exemptGonePod(pod) {
 				continue
 			}
-			if pair := (mmPair{c.uid, p}); pod.mark != c.mark() && !m.exemptRecreate[pair] && !m.exemptPremark[pair] {
+			if pod.mark != c.mark() && !m.exemptRecreated(c, p) && !m.exemptPremarkRecord(c, p) {
 				out = append(out, mmViolation{"I11: a record holds a pod whose mark names another claim or none",
 					fmt.Sprintf("I11 %s: the record of %s holds pod %s, whose mark is %q", where, c.name, p, pod.mark)})
 			}
-			if d, ok := m.dirty[pod.uid]; ok && d.claim != c.uid && !m.exemptRecreate[mmPair{c.uid, p}] {
+			if d, ok := m.dirty[pod.uid]; ok && !m.exemptUncertainKept(d, c) && !m.exemptRecreated(c, p) {
 				out = append(out, mmViolation{"I13: an uncertain pod went to another claim unrecycled",
 					fmt.Sprintf("I13 %s: the record of %s holds pod %s, whose holder was uncertain (%s) and which was not recycled since", where, c.name, p, d.why)})
 			}
@@ -140,22 +146,11 @@ func (m *mmMachine) checkState(st *mmState, where string, writer *mmAlloc) []mmV
 	return out
 }
 
-// observe updates the uncertain pods (I13) and the I11 exemptions after a
+// observe updates the uncertain pods (I13) and the exemptions after a
 // step. m.mu held.
 func (m *mmMachine) observe(st *mmState) {
-	for pair := range m.exemptRecreate {
-		if c := st.byUID[pair.claim]; c == nil || !slices.Contains(c.held, pair.pod) {
-			delete(m.exemptRecreate, pair)
-			delete(m.exemptStale, pair)
-		}
-	}
-	for pair := range m.exemptPremark {
-		c, pod := st.byUID[pair.claim], st.pods[pair.pod]
-		if c == nil || !slices.Contains(c.held, pair.pod) || pod != nil && pod.mark == c.mark() {
-			delete(m.exemptPremark, pair)
-		}
-	}
-	if !m.marks {
+	m.pruneExemptions(st)
+	if m.exemptUnfenced() {
 		return
 	}
 	uids := make(map[types.UID]bool, len(st.pods))
@@ -175,18 +170,17 @@ func (m *mmMachine) observe(st *mmState) {
 			uid := parseMarkUID(pod.mark)
 			c := st.byUID[uid]
 			switch {
-			case c != nil && slices.Contains(c.held, name) && len(hs) == 1:
-				delete(m.dirty, pod.uid) // held and marked: certain
-			case m.recycledUnder[pod.uid] == pod.mark:
-				// recycled under this mark already
+			case m.exemptCertainAgain(pod, c, len(hs)):
+				delete(m.dirty, pod.uid)
+			case m.exemptRecycledUnderMark(pod):
 			case c == nil:
 				m.setDirty(pod, uid, "marked for "+pod.mark+", a claim that does not exist")
-			case !slices.Contains(c.held, name) && !slices.Contains(c.released, name) && m.exposed[pod.uid] == c.uid:
+			case !slices.Contains(c.held, name) && !slices.Contains(c.released, name) && !m.exemptUnexposedMark(pod, c):
 				m.setDirty(pod, uid, "marked for "+c.name+", whose record held it and no longer lists it")
 			}
 		}
 		for _, c := range hs {
-			if pod.mark != c.mark() && !m.exemptRecreate[mmPair{c.uid, name}] {
+			if pod.mark != c.mark() && !m.exemptRecreated(c, name) {
 				m.setDirty(pod, c.uid, fmt.Sprintf("held by the record of %s, marked %q", c.name, pod.mark))
 			}
 		}
@@ -329,11 +323,7 @@ func (m *mmMachine) liveness() {
 	shortOS := make(map[string][]*mmClaim)
 	for _, c := range st.claims {
 		for _, p := range c.held {
-			// A name whose pod is gone is a lost pod, kept as any lost
-			// pod is (WithReplaceLost drops those), whatever its pool.
-			// So is a name whose pod was recreated since the record got
-			// it: the record's pod is gone.
-			if pool := m.podPool[p]; pool != c.pool && st.pods[p] != nil && !m.exemptRecreate[mmPair{c.uid, p}] {
+			if pool := m.podPool[p]; pool != c.pool && !m.exemptGonePod(st.pods[p]) && !m.exemptRecreated(c, p) {
 				add("a record holds a pod of another pool", "record of %s (pool %s) still holds pod %s of pool %q", c.name, c.pool, p, pool)
 			}
 		}
@@ -343,9 +333,7 @@ func (m *mmMachine) liveness() {
 			}
 			continue
 		}
-		if mmOpenSandbox {
-			// Want bounds what the record lists over the claim's
-			// lifetime; a lower Want takes nothing back.
+		if m.exemptOpenSandboxWant() {
 			if len(c.listed) < c.want {
 				short[c.pool] = append(short[c.pool], fmt.Sprintf("%s (lists %d of %d)", c.name, len(c.listed), c.want))
 				shortOS[c.pool] = append(shortOS[c.pool], c)
@@ -362,7 +350,7 @@ func (m *mmMachine) liveness() {
 	// takable reports whether a short claim of pool may take pod: under
 	// WithOpenSandbox, not one its record lists already.
 	takable := func(pool, pod string) bool {
-		if !mmOpenSandbox {
+		if !m.exemptOpenSandboxWant() {
 			return true
 		}
 		for _, c := range shortOS[pool] {
@@ -374,7 +362,7 @@ func (m *mmMachine) liveness() {
 	}
 	for _, name := range slices.Sorted(maps.Keys(st.pods)) {
 		pod := st.pods[name]
-		if m.marks && pod.mark != "" {
+		if pod.mark != "" && !m.exemptUnfenced() {
 			c := st.byUID[parseMarkUID(pod.mark)]
 			if c == nil || !slices.Contains(c.held, name) {
 				add("a pod is marked for a claim whose record does not hold it", "pod %s is marked %q but that claim's record does not hold it", name, pod.mark)
@@ -384,10 +372,10 @@ func (m *mmMachine) liveness() {
 			add("a ready pod is left unheld while a claim is short", "pod %s is ready, unheld and unmarked while %v are short", name, s)
 		}
 	}
-	if m.marks {
+	if !m.exemptUnfenced() {
 		for _, c := range st.claims {
 			for _, p := range c.held {
-				if pod := st.pods[p]; pod != nil && pod.mark != c.mark() && !m.exemptRecreate[mmPair{c.uid, p}] {
+				if pod := st.pods[p]; !m.exemptGonePod(pod) && pod.mark != c.mark() && !m.exemptRecreated(c, p) {
 					add("a record holds a pod not marked for it", "the record of %s holds pod %s, whose mark is %q", c.name, p, pod.mark)
 				}
 			}

@@ -45,7 +45,7 @@ func (r mmRecycleMode) String() string {
 // A snapshot is a listing as it was after a write. superseded is when a
 // newer one was taken (zero while it is the newest): a listing lags by the
 // time since then, and the allocator's contract bounds that lag by
-// allocator.DefaultQuarantine, so older ones are not drawn.
+// allocator.DefaultQuarantine, so older ones are not drawn (limitLag).
 type mmPodSnap struct {
 	sig        string
 	pods       []corev1.Pod
@@ -56,19 +56,6 @@ type mmClaimSnap struct {
 	sig        string
 	claims     []testenv.Claim
 	superseded time.Time
-}
-
-// usable counts the newest snapshots (of n) that lag less than a
-// Quarantine at now.
-func usable(n int, now time.Time, superseded func(i int) time.Time) int {
-	k := 0
-	for i := n - 1; i >= 0; i-- {
-		if s := superseded(i); !s.IsZero() && !now.Before(s.Add(allocator.DefaultQuarantine)) {
-			break
-		}
-		k++
-	}
-	return max(k, 1)
 }
 
 func maxRV[T any](items []T, rv func(*T) string) string {
@@ -225,13 +212,7 @@ func (m *mmMachine) recycler(al *mmAlloc) allocator.Recycler {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if found {
-			delete(m.dirty, pod.UID)
-			if mark := pod.Annotations[mmMarkKey]; mark != "" {
-				// Recycled under its mark: that mark, until removed,
-				// makes the pod uncertain no more (DESIGN I13: an
-				// uncertain pod is recycled before it is handed out).
-				m.recycledUnder[pod.UID] = mark
-			}
+			m.noteRecycled(pod.UID, pod.Annotations[mmMarkKey])
 		}
 		delete(m.recFinish, name)
 		m.journal = append(m.journal, fmt.Sprintf("a%d recycle %s: done (%s)", al.id, name, mode))
@@ -239,14 +220,12 @@ func (m *mmMachine) recycler(al *mmAlloc) allocator.Recycler {
 	}
 }
 
-// drawListing draws a fresh or lagging listing of pool for al. Without pod
-// marks an allocator's first round of a pool gets a fresh listing: nothing
-// fences a recovery from stale records then (a documented limit of
-// WithPodMarks(false)).
+// drawListing draws a fresh or lagging listing of pool for al, within the
+// limits limitUnfencedFreshRecovery and limitLag.
 func (m *mmMachine) drawListing(t *rapid.T, al *mmAlloc, pool string) mmListing {
 	l := mmListing{pool: pool, what: "fresh"}
 	unstr := rapid.Bool().Draw(t, "unstructured claims")
-	if !rapid.Bool().Draw(t, "lagging listing") || (!m.marks && al.seen[pool] == nil) {
+	if !rapid.Bool().Draw(t, "lagging listing") || m.limitUnfencedFreshRecovery(al, pool) {
 		st, err := m.readState()
 		m.must(err, "list")
 		l.pods, l.claims = filterPool(pool, st.podList, st.claimList)
@@ -259,10 +238,10 @@ func (m *mmMachine) drawListing(t *rapid.T, al *mmAlloc, pool string) mmListing 
 	// Drawn from a fixed range, so that a replay whose concurrent rounds
 	// wrote a little differently draws the same.
 	now := m.clock.Now()
-	pl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "pod listing lag"),
-		usable(len(pods), now, func(i int) time.Time { return pods[i].superseded })-1)
-	cl := min(rapid.IntRange(0, mmSnapshots-1).Draw(t, "claim listing lag"),
-		usable(len(claims), now, func(i int) time.Time { return claims[i].superseded })-1)
+	pl := m.limitLag(rapid.IntRange(0, mmSnapshots-1).Draw(t, "pod listing lag"),
+		usable(len(pods), now, func(i int) time.Time { return pods[i].superseded }))
+	cl := m.limitLag(rapid.IntRange(0, mmSnapshots-1).Draw(t, "claim listing lag"),
+		usable(len(claims), now, func(i int) time.Time { return claims[i].superseded }))
 	l.pods, l.claims = filterPool(pool, pods[len(pods)-1-pl].pods, claims[len(claims)-1-cl].claims)
 	l.unstructured = unstr
 	l.what = fmt.Sprintf("pods %d and claims %d listings behind", pl, cl)
@@ -399,8 +378,8 @@ func (m *mmMachine) lateJoiner(t *rapid.T) {
 	if len(m.allocs) >= mmMaxAllocators {
 		t.Skip("enough allocators")
 	}
-	if !m.marks {
-		// Without marks nothing fences two processes: fail over instead.
+	if m.limitUnfencedOneProcess() {
+		// Fail over instead.
 		for _, al := range slices.Clone(m.allocs) {
 			m.dropAllocator(al, "failover")
 		}

@@ -28,50 +28,17 @@ package allocator_test
 //   - strategies: algorithm.Packed, algorithm.Spread, and Packed behind a
 //     wrapper that sorts or reverses in.Candidates in place.
 //
-// Checked on the server, after every step and, from an interceptor on the
-// allocators' clients, right after every write an allocator makes (writes
-// and checks are serialized by a mutex, so a check sees the state of that
-// instant):
+// The checks (EXCL, I7, I11, I13 on the server after every step and right
+// after every allocator write, liveness at the end of a history) are
+// described in property_multi_checks_test.go; everything they tolerate,
+// and every situation the actions leave out, is listed with its reason in
+// property_multi_exempt_test.go.
 //
-//   - EXCL: no pod name is held (allocated minus released) by two claims'
-//     records.
-//   - I11 (pod marks on): every pod a record holds that exists carries a
-//     mark naming that claim. Excluded: a name the record held when the test
-//     recreated the pod, and records written before marks were switched on.
-//   - I13 (pod marks on): a pod seen, after a step, marked for a claim whose
-//     record held it under that mark and now lists it neither held nor
-//     released, or marked for a claim that does not exist, or held by a
-//     record without its mark, is uncertain; it must go through the
-//     recycler (or be deleted) before another claim's record holds it. A
-//     mark whose claim's record never listed the pod exposed it to no one
-//     (an allocator unmarking its own hand-out whose record write failed),
-//     and a pod recycled under its current mark stays clean while it
-//     carries that mark (DESIGN I13 asks for a recycle before reuse; a
-//     record may still list the pod when it is recycled).
-//   - EXCL and I13 make one exception: a record may name a pod that was
-//     deleted and recreated under that name since the record got it; the
-//     name no longer denotes the pod it got (a pod is its name and UID).
-//     EXCL exempts it only where the allocator that handed the new pod to
-//     another claim could not see the record naming it: the record's claim
-//     moved to another pool, or the allocator's claim listing did not show
-//     that record. An allocator whose listing shows it must not hand the
-//     new pod out while the record names it.
-//   - I7 (no swap): a live claim's record stops holding a pod that exists,
-//     is ready and (with marks) still carries its mark only if the pod was,
-//     at some point seen, in the owner's release annotation, beyond the
-//     claim's want, lost, not marked for it, of another pool, or recreated
-//     (checked right after each claim write).
-//
-// At the end of each history all allocators but one stop; the survivor runs
-// rounds on fresh listings of both pools, the clock advancing past
-// allocator.DefaultQuarantine each time, with the recycler finishing everything,
-// for mmSettleRounds rounds per pool (fewer once three in a row wrote and
-// recycled nothing). Then (liveness): every live claim holds at most what it
-// wants, a claim that holds less has no ready pod of its pool left unheld
-// and unmarked, no pod is marked for a claim whose record does not hold it,
-// every record holds only pods of its claim's current pool, a terminating
-// claim holds nothing, and I11 holds with only the recreation exemption.
-// The allocator must not panic either.
+// Files: this one has the machine, its world and the action table; the
+// actions are in property_multi_actions_test.go, the faults it injects in
+// property_multi_faults_test.go, the checks and the exemptions in the
+// files named above. The runs are property_multi_fake_test.go and
+// property_multi_envtest_test.go.
 //
 // Replays. A failure is reported by the kinds of invariant it broke (the
 // details are logged), so that a replay fails alike. Two instances with one
@@ -151,13 +118,16 @@ type mmBackend func(ctx context.Context, id int) (mmWorld, error)
 type mmStats struct {
 	histories, steps, rounds, updates, lagging, concurrent, twoAllocators,
 	crashes, midCrashes, joins, moves, recreates, writes, checks atomic.Int64
+	// exempted counts what the exemptions and limits let pass.
+	exempted mmExemptCounts
 }
 
 func (s *mmStats) String() string {
 	return fmt.Sprintf("%d histories, %d steps, %d rounds (%d Update, %d on a lagging listing, %d concurrent pairs, %d of them two allocators on one pool), "+
 		"%d allocator writes checked (%d state checks), %d crashes (%d mid-round), %d late joiners, %d claims moved, %d pods recreated",
 		s.histories.Load(), s.steps.Load(), s.rounds.Load(), s.updates.Load(), s.lagging.Load(), s.concurrent.Load(), s.twoAllocators.Load(),
-		s.writes.Load(), s.checks.Load(), s.crashes.Load(), s.midCrashes.Load(), s.joins.Load(), s.moves.Load(), s.recreates.Load())
+		s.writes.Load(), s.checks.Load(), s.crashes.Load(), s.midCrashes.Load(), s.joins.Load(), s.moves.Load(), s.recreates.Load()) +
+		"; exemptions and limits relied on: " + s.exempted.String()
 }
 
 // mmAlloc is one allocator instance (one process).
@@ -278,30 +248,9 @@ type mmMachine struct {
 	claimSnaps []mmClaimSnap
 	// dirty holds pods (by UID) seen with an uncertain holder (I13).
 	dirty map[types.UID]mmDirty
-	// exposed maps a pod (by UID) to the claim whose record held it under
-	// its current mark (see noteExposed).
-	exposed map[types.UID]types.UID
-	// recycledUnder maps a pod (by UID) to the mark it carried when it was
-	// last recycled, while it still carries it.
-	recycledUnder map[types.UID]string
-	// exemptRecreate: the record held the name when the test recreated
-	// the pod. exemptPremark: the record was written without pod marks.
-	exemptRecreate map[mmPair]bool
-	exemptPremark  map[mmPair]bool
-	// exemptStale: an exemptRecreate pair that EXCL exempts for as long
-	// as the record names the pod: its claim moved pools since, or another
-	// claim's record got the new pod from an allocator whose claim listing
-	// did not show this record naming it (it could not know; see
-	// checkState).
-	exemptStale map[mmPair]bool
-	// listing is, per allocator in a round, the listing the round works
-	// on.
-	listing map[*mmAlloc]*mmListing
-	// mayGo holds the pods a claim's record may stop holding without its
-	// owner's say (I7): seen in its release annotation, while it held more
-	// than it wanted or was terminating, lost (gone, unready, terminating),
-	// not marked for it (pod marks on), of another pool, or recreated.
-	mayGo     map[mmPair]bool
+	// mmExemptState is what the exemptions remember
+	// (property_multi_exempt_test.go).
+	mmExemptState
 	recMode   mmRecycleMode
 	recFinish map[string]bool
 	// acts counts the allocators' writes and recycler calls.
@@ -319,19 +268,13 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 	}
 	m := &mmMachine{
 		t: t, ctx: ctx, w: w, stats: stats,
-		clock:          clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
-		podSeq:         make(map[string]int),
-		podPool:        make(map[string]string),
-		printed:        make(map[string]string),
-		dirty:          make(map[types.UID]mmDirty),
-		exposed:        make(map[types.UID]types.UID),
-		recycledUnder:  make(map[types.UID]string),
-		exemptRecreate: make(map[mmPair]bool),
-		exemptPremark:  make(map[mmPair]bool),
-		exemptStale:    make(map[mmPair]bool),
-		listing:        make(map[*mmAlloc]*mmListing),
-		mayGo:          make(map[mmPair]bool),
-		recFinish:      make(map[string]bool),
+		clock:         clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		podSeq:        make(map[string]int),
+		podPool:       make(map[string]string),
+		printed:       make(map[string]string),
+		dirty:         make(map[types.UID]mmDirty),
+		mmExemptState: newMMExemptState(),
+		recFinish:     make(map[string]bool),
 	}
 	m.marks = rapid.IntRange(0, 3).Draw(t, "pod marks off if 3") != 3
 	mmOpenSandbox = rapid.IntRange(0, 3).Draw(t, "OpenSandbox mode if 3") == 3
@@ -349,7 +292,7 @@ func newMMMachine(t *rapid.T, backend mmBackend, stats *mmStats, id int) *mmMach
 		m.createClaim(t)
 	}
 	n := 1
-	if m.marks {
+	if !m.limitUnfencedOneProcess() {
 		n = rapid.IntRange(1, mmMaxAllocators).Draw(t, "allocators")
 	}
 	for range n {
