@@ -21,6 +21,10 @@ package allocator_test
 //   - I7 (no swap): a live claim's record stops holding a pod only for a
 //     reason (checked right after each claim write).
 //
+// Checked whenever an allocator calls the recycler (pod marks on): the
+// pod, read live from the server, carries a mark naming the claim it is
+// recycled for (the Recycler contract, allocator/options.go).
+//
 // At the end of each history all allocators but one stop; the survivor runs
 // rounds on fresh listings of both pools, the clock advancing past
 // allocator.DefaultQuarantine each time, with the recycler finishing everything,
@@ -185,6 +189,31 @@ func (m *mmMachine) observe(st *mmState) {
 			}
 		}
 	}
+}
+
+// checkRecycleMark checks, as al's recycler is called for req, that the
+// pod, read live from the server (pod, or found false if there is none),
+// carries a mark naming req.Claim: with pod marks the allocator calls the
+// recycler only while the pod's mark names the claim it is recycled for
+// (allocator.Recycler). A recycler that restarts the pod in place would
+// otherwise act on a pod handed to another claim, or on an uncertain one.
+// A violation ends the history after the round.
+func (m *mmMachine) checkRecycleMark(al *mmAlloc, req allocator.RecycleRequest, pod *corev1.Pod, found bool) {
+	if m.exemptUnfenced() || m.exemptRecycleGone(req, pod, found) {
+		return
+	}
+	want := req.Claim.Claim.Name + "/" + string(req.Claim.UID)
+	live := pod.Annotations[mmMarkKey]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.journal = append(m.journal, fmt.Sprintf("a%d recycle %s for %s: live mark %q (pod rv %s, request rv %s)",
+		al.id, req.Pod, want, live, pod.ResourceVersion, req.ResourceVersion))
+	if live == want {
+		return
+	}
+	m.violations = append(m.violations, mmViolation{"RECYCLE: the recycler was called for a pod not marked for the claim",
+		fmt.Sprintf("RECYCLE a%d's recycler was called for pod %s (uid %s, request rv %s) given back by %s, but the pod's live mark is %q (pod rv %s)",
+			al.id, req.Pod, pod.UID, req.ResourceVersion, want, live, pod.ResourceVersion)})
 }
 
 func (m *mmMachine) setDirty(pod *mmPod, claim types.UID, why string) {

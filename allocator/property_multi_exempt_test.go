@@ -21,6 +21,8 @@ package allocator_test
 //	recycled            I13: a pod the recycler was called for is clean (noteRecycled)
 //	recycled-under-mark I13: ... and stays clean while it carries the mark it was recycled under (exemptRecycledUnderMark)
 //	unexposed-mark      I13: a mark whose claim's record never listed the pod (exemptUnexposedMark)
+//	recycle-gone        recycler live mark: no pod has the name of the pod recycled (exemptRecycleGone)
+//	recycle-recreated   recycler live mark: the pod under the name has another UID (exemptRecycleGone)
 //	owner-released      I7: the owner's release annotation named the pod (dropReasons)
 //	terminating         I7: the claim is terminating (dropReasons, exemptDrop)
 //	beyond-want         I7: the claim held more than it wanted (dropReasons)
@@ -45,6 +47,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/poolalloc/poolalloc/allocator"
@@ -64,6 +67,8 @@ const (
 	exRecycled
 	exRecycledUnderMark
 	exUnexposedMark
+	exRecycleGone
+	exRecycleRecreated
 	exOwnerReleased
 	exTerminating
 	exBeyondWant
@@ -93,6 +98,8 @@ var mmExemptionNames = [mmExemptions]string{
 	exRecycled:          "recycled",
 	exRecycledUnderMark: "recycled-under-mark",
 	exUnexposedMark:     "unexposed-mark",
+	exRecycleGone:       "recycle-gone",
+	exRecycleRecreated:  "recycle-recreated",
 	exOwnerReleased:     "owner-released",
 	exTerminating:       "terminating",
 	exBeyondWant:        "beyond-want",
@@ -251,8 +258,12 @@ func (m *mmMachine) noteExposed(st *mmState) {
 	}
 }
 
-// noteRecycled records that the recycler was called for pod, which
-// exists (exRecycled, exRecycledUnderMark). m.mu held.
+// noteRecycled records that the recycler was called for the pod now
+// under the request's name (exRecycled, exRecycledUnderMark). That pod may
+// be newer than the one the request was for (exRecycleRecreated): the
+// machine's recycler, unlike allocator.RecycleDelete, does not use the
+// request's UID, so it also cleans (and, deleting, removes) a pod
+// recreated under the name. m.mu held.
 func (m *mmMachine) noteRecycled(uid types.UID, mark string) {
 	if _, ok := m.dirty[uid]; ok {
 		m.use(exRecycled)
@@ -388,6 +399,24 @@ func (m *mmMachine) exemptRecycledUnderMark(pod *mmPod) bool {
 // clean as it was when marked. m.mu held.
 func (m *mmMachine) exemptUnexposedMark(pod *mmPod, c *mmClaim) bool {
 	return m.exposed[pod.uid] != c.uid && m.use(exUnexposedMark)
+}
+
+// exemptRecycleGone reports whether the pod a recycle request is for no
+// longer exists: no pod has its name (found false), or the one that has it
+// has another UID (a pod recreated under the name, DESIGN I12). It
+// relaxes the recycler's live-mark check (checkRecycleMark): a pod that is
+// gone carries no mark, the allocator may learn it only from its next
+// listing (a pod that left the listing counts as recycled without a
+// call), and a recycler that uses the request's UID as a precondition, as
+// allocator.RecycleDelete does, touches no other pod.
+func (m *mmMachine) exemptRecycleGone(req allocator.RecycleRequest, pod *corev1.Pod, found bool) bool {
+	switch {
+	case !found:
+		return m.use(exRecycleGone)
+	case req.UID != "" && pod.UID != req.UID:
+		return m.use(exRecycleRecreated)
+	}
+	return false
 }
 
 // dropReasons says why the record of c, holding pod p in st, may stop

@@ -183,6 +183,17 @@ func (m *mmMachine) recycler(al *mmAlloc) allocator.Recycler {
 			return false, errCrashed
 		}
 		m.acts.Add(1)
+		// The pod as the server has it now, read by the test's own
+		// client (no cache), whatever the recycler then does: the
+		// allocator may call the recycler only while the pod's mark
+		// names the claim (checkRecycleMark).
+		var pod corev1.Pod
+		err := m.w.raw.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: name}, &pod)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		found := err == nil
+		m.checkRecycleMark(al, req, &pod, found)
 		m.mu.Lock()
 		mode, finish := m.recMode, m.recFinish[name]
 		m.mu.Unlock()
@@ -192,12 +203,6 @@ func (m *mmMachine) recycler(al *mmAlloc) allocator.Recycler {
 			m.mu.Unlock()
 			return false, nil
 		}
-		var pod corev1.Pod
-		err := m.w.raw.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: name}, &pod)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return false, err
-		}
-		found := err == nil
 		if found && mode == recycleDelete {
 			m.writeMu.Lock()
 			err := m.w.raw.Delete(ctx, &pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
