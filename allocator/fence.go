@@ -748,8 +748,11 @@ func (r *round) confirmClaims() {
 				case pi == nil || !pi.present || pi.mark != "":
 				case apierrors.IsNotFound(j.err):
 					// The claim is gone: its pod is recycled as if its
-					// record still listed it.
-					r.lostMark(j.ci, pi, true)
+					// record still listed it (whoever handed it out).
+					r.p.tomark[pi.name()] = j.ci.uid()
+					if !r.a.cfg.markMigrate {
+						r.startRecycling(j.ci, pi)
+					}
 				default:
 					// Still held, and read again next round: until then
 					// it is not handed out, and no write keeps it.

@@ -50,14 +50,21 @@ func (pi *podInfo) markUID(pool types.NamespacedName) types.UID {
 
 // patchMark sets (value != "") or removes the mark of pod, guarded by rv.
 // It returns the pod's new resourceVersion and mark.
+// Removing the mark removes the recycling stamp too (see fenceRecycle).
 func (r *round) patchMark(pod, rv, value string) (string, string, error) {
-	var v any
-	if value != "" {
-		v = value
+	annotations := map[string]any{r.a.cfg.markKey: value}
+	if value == "" {
+		annotations = map[string]any{r.a.cfg.markKey: nil, r.a.cfg.stampKey: nil}
 	}
+	return r.patchPod(pod, rv, annotations)
+}
+
+// patchPod sets (a string) or removes (nil) pod's annotations, guarded by
+// rv. It returns the pod's new resourceVersion and mark.
+func (r *round) patchPod(pod, rv string, annotations map[string]any) (string, string, error) {
 	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": rv,
-		"annotations":     map[string]any{r.a.cfg.markKey: v},
+		"annotations":     annotations,
 	}})
 	if err != nil {
 		return "", "", err

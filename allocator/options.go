@@ -129,6 +129,9 @@ type config struct {
 
 	client      client.Client
 	markKey     string
+	// stampKey is the annotation a recycle's fence writes (markKey +
+	// "-recycling"), "" without pod marks.
+	stampKey string
 	marksOff    bool
 	markMigrate bool
 	store       store.AllocationStore
@@ -302,7 +305,9 @@ const DefaultPodMarkKey = "poolalloc.io/claim"
 func WithPodMarks(on bool) Option { return optionFunc(func(c *config) { c.marksOff = !on }) }
 
 // WithPodMarkKey sets the pod annotation of pod marks; "" means
-// DefaultPodMarkKey, the default. It must be a valid annotation key.
+// DefaultPodMarkKey, the default. It must be a valid annotation key, and
+// so must the key with "-recycling" appended: the annotation a pod gets
+// when a recycle of it begins (see RecycleRequest).
 func WithPodMarkKey(key string) Option {
 	return optionFunc(func(c *config) {
 		if key == "" {
@@ -448,6 +453,10 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		}
 		if errs := content.IsLabelKey(cfg.markKey); len(errs) > 0 {
 			return nil, fmt.Errorf("%w: pod mark key %q: %s", ErrInvalidOption, cfg.markKey, strings.Join(errs, "; "))
+		}
+		cfg.stampKey = cfg.markKey + "-recycling"
+		if errs := content.IsLabelKey(cfg.stampKey); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: pod mark key %q leaves no room for its recycling stamp %q: %s", ErrInvalidOption, cfg.markKey, cfg.stampKey, strings.Join(errs, "; "))
 		}
 	}
 	if cfg.openSandbox && (cfg.syncer != nil || cfg.keys != nil) {

@@ -1914,8 +1914,7 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		switch f := fences[i]; {
 		case f.err == nil:
 			if f.rv != "" && f.rv != j.pi.rv {
-				// The guarded patch made a new version (a client that
-				// writes what changes nothing): the mark is as it was.
+				// The stamp made a new version; the mark is as it was.
 				j.pi.stalePodRV(j.pi.rv)
 				j.pi.rv, j.pi.markOwn = f.rv, false
 			}
@@ -1955,15 +1954,22 @@ type recycleFence struct {
 
 // fenceRecycle proves, just before a recycler is called, that pi's mark
 // names the claim it is recycled for at the resourceVersion the allocator
-// knows: it writes the mark it knows under that version, a patch that
-// changes nothing and fails with a conflict if the pod changed since
-// (docs/design.md, "Recycling is fenced"). While the pod is marked for the
-// claim, no other allocator can hand it out, and its mark goes only once a
-// record says it was released, which the allocator writes after the
-// recycler. It returns the pod's resourceVersion after the patch. It runs
-// in parallel with other pods' fences and reads only pi.
+// knows, and stamps the recycle on the pod (docs/design.md, "Recycling is
+// fenced"): one patch guarded by that version, which writes the mark it
+// knows and the recycling stamp (the claim's UID and that version, so
+// that every recycle writes a new value). It fails with a conflict if the
+// pod changed since. The stamp makes a new version of the pod: a write of
+// the pod that another allocator decided on an older view (its own
+// unmark once it recycled the pod too, say) fails, and must look at the
+// pod again. While the pod is marked for the claim no allocator can hand
+// it out, and its mark goes only after its release is recorded, which
+// comes after the recycler. It returns the pod's new resourceVersion. It
+// runs in parallel with other pods' fences and reads only pi.
 func (r *round) fenceRecycle(pi *podInfo) (string, error) {
-	rv, _, err := r.patchMark(pi.name(), pi.rv, pi.mark)
+	rv, _, err := r.patchPod(pi.name(), pi.rv, map[string]any{
+		r.a.cfg.markKey:  pi.mark,
+		r.a.cfg.stampKey: string(pi.markUID(r.p.name)) + "@" + pi.rv,
+	})
 	return rv, err
 }
 

@@ -633,3 +633,133 @@ func TestRegressionForgedRecordReportedAtRecovery(t *testing.T) {
 		require.Equal(t, ofA, recordIn(t, c, ns, "a").Held())
 	})
 }
+
+// The many-allocator machine, issue 22 item 4 (recycle-orphan-pod-
+// unmarked-late-joiner and the real API server's case): a process whose
+// pod listing still shows a pod marked for a claim that was force-deleted
+// recycles it for that claim, though another process already removed the
+// mark. The fence refuses: the pod changed since the version known.
+func TestRegressionRecycleOnAStaleMarkIsRefused(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool := types.NamespacedName{Namespace: ns, Name: "p"}
+		pods, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
+		require.NoError(t, err)
+		cl := newClaimIn(t, c, ns, "c", 1)
+		a, err := allocator.New(c)
+		require.NoError(t, err)
+		res, err := world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		held := res.Allocated[0].Pods[0]
+		pod := &pods[slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Name == held })]
+
+		// Force-deleted while no allocator ran; its pod's mark stays.
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+		cl.Finalizers = nil
+		require.NoError(t, c.Update(ctx, cl))
+		require.NoError(t, c.Delete(ctx, cl))
+		stale, err := world.Input(ctx, c, pool)
+		require.NoError(t, err)
+		// Another process settles the pod and removes the mark.
+		markPod(t, c, pod, "")
+
+		rec := &liveMarkRecycler{t: t, c: c}
+		b, err := allocator.New(c, allocator.WithRecycler(rec.recycle), allocator.WithClaimType(&testenv.Claim{}))
+		require.NoError(t, err)
+		res, err = b.Round(ctx, stale)
+		require.NoError(t, err)
+		require.Empty(t, rec.calls, "no recycler runs on a pod whose mark is gone")
+		require.NotEmpty(t, res.Warnings, "the refused fence is reported")
+		// The next listing shows the pod unmarked: free.
+		res, err = world.Round(ctx, b, c, pool)
+		require.NoError(t, err)
+		require.Contains(t, res.Idle, held)
+	})
+}
+
+// The many-allocator machine, issue 22 item 4 (a history of two
+// allocators recycling one pod for a force-deleted claim at once): one
+// process's recycle was under way when the other finished its own and
+// removed the mark, so that the pod could be handed out while the first
+// recycler still acted on it. The first process's fence is a write (the
+// recycling stamp): the other's unmark, decided on the version before it,
+// fails, and the pod stays marked until a process that saw the stamp
+// removes it.
+func TestFakeConcurrentRecyclesOfOnePodAreFenced(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 2, 1)
+	a, err := allocator.New(c)
+	require.NoError(t, err)
+	held := firstRound(t, a, c, pool).Allocated[0].Pods[0]
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Finalizers = nil
+	require.NoError(t, c.Update(ctx, cl))
+	require.NoError(t, c.Delete(ctx, cl))
+	listing, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+
+	// b's recycler is slow: it acts on the pod only once let go, and
+	// fails the test if the pod's mark is gone by then.
+	slow := newBlockingRecycler()
+	slow.armed.Store(true)
+	check := &liveMarkRecycler{t: t, c: c}
+	b, err := allocator.New(c, allocator.WithClaimType(&testenv.Claim{}), allocator.WithRecycler(func(ctx context.Context, req allocator.RecycleRequest) (bool, error) {
+		_, _ = slow.recycle(ctx, req)
+		return check.recycle(ctx, req)
+	}))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = b.Round(ctx, listing) })
+	<-slow.entered
+	// d, on the same listing, recycles the pod too and would remove the
+	// mark (the claim is gone).
+	d, err := allocator.New(c, allocator.WithClaimType(&testenv.Claim{}))
+	require.NoError(t, err)
+	_, _ = d.Round(ctx, listing)
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
+	require.Equal(t, "c/uid-c", pod.Annotations[allocator.DefaultPodMarkKey], "marked while b recycles it")
+	close(slow.release)
+	wg.Wait()
+	require.Equal(t, []string{held}, check.calls)
+	for range 2 {
+		_, err = world.Round(ctx, b, c, pool)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
+	require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey], "unmarked once recycled")
+}
+
+// The many-allocator machine, issue 22 items 4 and 7: an allocator that
+// handed a pod out, and whose claim was then deleted and its pod settled
+// by another process, sees the mark gone on a claim listing that still
+// shows the claim. The claim is gone: the pod is recycled for it, not
+// marked for it again as a holder's own pod would be.
+func TestRegressionHandedPodOfAGoneClaimIsRecycledNotRemarked(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 2, 1)
+	rec := &recordingRecycler{}
+	a, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
+	require.NoError(t, err)
+	held := firstRound(t, a, c, pool).Allocated[0].Pods[0]
+	claims, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Finalizers = nil
+	require.NoError(t, c.Update(ctx, cl))
+	require.NoError(t, c.Delete(ctx, cl))
+	var pod corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
+	markPod(t, c, &pod, "")
+	pods, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	_, err = a.Round(ctx, allocator.Input{Pool: pool, Pods: pods.Pods, Claims: claims.Claims})
+	require.NoError(t, err)
+	for range 2 {
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{held}, rec.recycled(), "recycled for the gone claim")
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
+	require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey])
+}
