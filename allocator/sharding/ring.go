@@ -114,11 +114,11 @@ func ranges(members []string, id string) []span {
 func (m *Membership) ShardSelector() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.opts.ByNamespace || len(m.members) == 0 {
+	if !m.opts.ByNamespace || len(m.cur.members) == 0 {
 		return ""
 	}
 	var parts []string
-	for _, s := range ranges(m.members, m.opts.Identity) {
+	for _, s := range ranges(m.cur.members, m.opts.Identity) {
 		end := "0x10000000000000000"
 		if s.end != 0 {
 			end = fmt.Sprintf("0x%016x", s.end)

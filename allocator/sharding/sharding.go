@@ -5,10 +5,16 @@
 // them, by rendezvous hashing, so that a member joining or leaving moves
 // only the pools it takes or had (about 1/N of them).
 //
+// A replica serves a pool that came to it only one RenewInterval after it
+// saw the change, and a new replica serves nothing for one RenewInterval:
+// time for the previous owner to see the change at its next Sync (Owns
+// says exactly what holds, and when).
+//
 // Sharding is for throughput and fast failover, never for safety: two
 // replicas that both believe they own a pool for a moment (a lease renewed
-// late, a partition) are kept from handing one pod to two claims by pod
-// marks and the API server's compare-and-swap, as any two allocators are.
+// late, a slow Sync, a partition) are kept from handing one pod to two
+// claims by pod marks and the API server's compare-and-swap, as any two
+// allocators are.
 //
 // A Membership is a controller-runtime manager.Runnable; add it to the
 // manager and ask Owns in the reconciler:
@@ -80,11 +86,14 @@ type Options struct {
 	// members (the pod's name, say). Required.
 	Identity string
 	// LeaseDuration is how long a lease lives without renewal
-	// (DefaultLeaseDuration if 0): a replica that dies without releasing
-	// its lease loses its pools this long after its last renewal.
+	// (DefaultLeaseDuration if 0; at least a second, and rounded down to
+	// whole seconds, which is what a Lease holds): a replica that dies
+	// without releasing its lease loses its pools this long after its
+	// last renewal.
 	LeaseDuration time.Duration
 	// RenewInterval is how often the lease is renewed and the members
-	// listed (DefaultRenewInterval if 0). It must be shorter than
+	// listed (DefaultRenewInterval if 0), and the grace a pool waits
+	// before a replica it came to serves it (Owns). It must be shorter than
 	// LeaseDuration; a third of it is usual.
 	RenewInterval time.Duration
 	// Clock is the clock (the real one if nil).
@@ -107,23 +116,53 @@ type Membership struct {
 	opts Options
 
 	mu sync.Mutex
-	// members are the live members, sorted; prev those before the latest
-	// change, which happened at changed.
-	members, prev []string
-	changed       time.Time
+	// cur is the view of the members this replica holds now; past the
+	// views it replaced less than one grace (RenewInterval) ago, at most
+	// maxPast, oldest first, each with the time it was replaced. Only
+	// replace changes them (forget drops past ones). Before the first
+	// Sync cur is a gap.
+	cur  view
+	past []view
 	// renewed is when this replica's lease was last written.
 	renewed time.Time
 	// changedCh is closed, and replaced, at each change of the members.
 	changedCh chan struct{}
-	// rings are the rings of members and prev (ByNamespace).
-	ringCur, ringPrev []point
 	// seen is, per lease, the renewTime last read and when this replica
 	// first read it (its own clock).
 	seen map[string]observed
 	// ready is closed once the members were listed once.
 	ready     chan struct{}
 	readyOnce sync.Once
-	changes   chan struct{}
+	// changes gets a value at each new view (at most one pending).
+	changes chan struct{}
+}
+
+// maxPast bounds the past views kept. Syncs every RenewInterval leave one
+// or two within a grace; more come only from Syncs called more often, and
+// then the oldest merge into a gap (see forget), which owns less, never more.
+const maxPast = 8
+
+// view is the members as this replica listed them, current from one
+// change to the next. A gap stands for a time when this replica may have
+// been out of the group in the others' eyes, so that another may have
+// served its pools: before its first Sync, before renewing a lease that
+// had lapsed or that it had to create anew, after Leave. It keeps the
+// members last listed (Owner, Members, ShardSelector read them), but this
+// replica owns nothing in it.
+type view struct {
+	gap     bool
+	members []string // live members, sorted
+	ring    []point  // the members' ring (ByNamespace), built once per view
+	// until is when the next view replaced this one (past views only).
+	until time.Time
+}
+
+// owner is the member that owns pool in v, in the mode byNamespace.
+func (v *view) owner(byNamespace bool, pool types.NamespacedName) string {
+	if byNamespace {
+		return pointOwner(v.ring, fnv1a(pool.Namespace))
+	}
+	return owner(v.members, pool)
 }
 
 type observed struct {
@@ -157,13 +196,15 @@ func New(c client.Client, opts Options) (*Membership, error) {
 		len(validation.IsDNS1123Subdomain(leaseName(opts.Group, opts.Identity))) > 0 {
 		problems = append(problems, fmt.Sprintf("identity %q does not make a lease name (%s)", opts.Identity, leaseName(opts.Group, opts.Identity)))
 	}
-	if opts.RenewInterval >= opts.LeaseDuration || opts.RenewInterval < 0 {
-		problems = append(problems, fmt.Sprintf("renew interval %s is not shorter than the lease duration %s", opts.RenewInterval, opts.LeaseDuration))
+	if opts.LeaseDuration < time.Second {
+		problems = append(problems, fmt.Sprintf("lease duration %s is under a second (a Lease holds whole seconds)", opts.LeaseDuration))
+	} else if d := opts.LeaseDuration.Truncate(time.Second); opts.RenewInterval >= d || opts.RenewInterval < 0 {
+		problems = append(problems, fmt.Sprintf("renew interval %s is not shorter than the lease duration %s (whole seconds)", opts.RenewInterval, d))
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidOptions, strings.Join(problems, "; "))
 	}
-	return &Membership{c: c, opts: opts, seen: map[string]observed{}, ready: make(chan struct{}),
+	return &Membership{c: c, opts: opts, cur: view{gap: true}, seen: map[string]observed{}, ready: make(chan struct{}),
 		changes: make(chan struct{}, 1), changedCh: make(chan struct{})}, nil
 }
 
@@ -234,17 +275,13 @@ func (m *Membership) Sync(ctx context.Context) error {
 	}
 	slices.Sort(live)
 	live = slices.Compact(live)
-	if !slices.Equal(live, m.members) {
-		m.prev, m.members, m.changed = m.members, live, now
-		if m.opts.ByNamespace {
-			m.ringPrev, m.ringCur = m.ringCur, ring(live)
+	m.forget(now)
+	if m.cur.gap || !slices.Equal(live, m.cur.members) {
+		next := view{members: live, ring: m.cur.ring}
+		if m.opts.ByNamespace && !slices.Equal(live, m.cur.members) {
+			next.ring = ring(live)
 		}
-		close(m.changedCh)
-		m.changedCh = make(chan struct{})
-		select {
-		case m.changes <- struct{}{}:
-		default:
-		}
+		m.replace(next, now)
 	}
 	m.readyOnce.Do(func() { close(m.ready) })
 	return nil
@@ -265,9 +302,7 @@ func (m *Membership) renew(ctx context.Context) error {
 		if err := m.c.Create(ctx, &l); err != nil {
 			return fmt.Errorf("sharding: create lease %s: %w", key, err)
 		}
-		m.mu.Lock()
-		m.renewed = now.Time
-		m.mu.Unlock()
+		m.renewedAt(now.Time, true)
 		return nil
 	}
 	if err != nil {
@@ -281,15 +316,75 @@ func (m *Membership) renew(ctx context.Context) error {
 	if err := m.c.Update(ctx, &l); err != nil {
 		return fmt.Errorf("sharding: renew lease %s: %w", key, err)
 	}
-	m.mu.Lock()
-	m.renewed = now.Time
-	m.mu.Unlock()
+	m.renewedAt(now.Time, false)
 	return nil
 }
 
+// renewedAt records that this replica's lease was written at now, created
+// if created. A lease created anew (deleted under this replica) or renewed
+// after it had lapsed starts a gap: the others may have counted this
+// replica out and given its pools to another, who serves them until its
+// next Sync.
+func (m *Membership) renewedAt(now time.Time, created bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	lapsed := !m.renewed.IsZero() && now.Sub(m.renewed) >= m.leaseDuration()
+	m.renewed = now
+	if (created || lapsed) && !m.cur.gap {
+		m.replace(view{gap: true, members: m.cur.members, ring: m.cur.ring}, now)
+	}
+}
+
+// leaseDuration is LeaseDuration as the lease holds it, in whole seconds:
+// the others count this replica dead after that long.
+func (m *Membership) leaseDuration() time.Duration {
+	return m.opts.LeaseDuration.Truncate(time.Second)
+}
+
+// replace makes next the current view at now, keeps the one it replaces
+// among the past views, and tells Changes (and, if the members changed,
+// the sharded informers). The caller holds mu.
+func (m *Membership) replace(next view, now time.Time) {
+	old := m.cur
+	old.until = now
+	m.past = append(m.past, old)
+	m.cur = next
+	m.forget(now)
+	if !slices.Equal(old.members, next.members) {
+		close(m.changedCh)
+		m.changedCh = make(chan struct{})
+	}
+	select {
+	case m.changes <- struct{}{}:
+	default:
+	}
+}
+
+// forget drops the past views replaced one grace ago or more, which Owns
+// no longer reads, and merges the oldest into a gap while more than
+// maxPast remain. The caller holds mu.
+func (m *Membership) forget(now time.Time) {
+	m.past = slices.DeleteFunc(m.past, func(v view) bool { return now.Sub(v.until) >= m.opts.RenewInterval })
+	for len(m.past) > maxPast {
+		merged := view{gap: true, until: m.past[0].until}
+		if m.past[1].until.After(merged.until) {
+			merged.until = m.past[1].until
+		}
+		m.past[1] = merged
+		m.past = slices.Delete(m.past, 0, 1)
+	}
+}
+
 // Leave deletes this replica's lease: the others take its pools at their
-// next Sync instead of after the lease's duration.
+// next Sync (and serve them one RenewInterval later, see Owns) instead of
+// after the lease's duration. From the call on this replica owns nothing;
+// a Sync after it joins again, as a new replica does.
 func (m *Membership) Leave(ctx context.Context) error {
+	m.mu.Lock()
+	if !m.cur.gap {
+		m.replace(view{gap: true, members: m.cur.members, ring: m.cur.ring}, m.opts.Clock.Now())
+	}
+	m.mu.Unlock()
 	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.opts.Namespace, Name: leaseName(m.opts.Group, m.opts.Identity)}}
 	if err := client.IgnoreNotFound(m.c.Delete(ctx, l)); err != nil {
 		return fmt.Errorf("sharding: delete lease %s/%s: %w", l.Namespace, l.Name, err)
@@ -301,51 +396,66 @@ func (m *Membership) Leave(ctx context.Context) error {
 func (m *Membership) Members() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.members)
+	return slices.Clone(m.cur.members)
 }
 
 // Owner returns the member that owns pool among the live members, empty
-// before the first Sync.
+// before the first Sync. It is the owner by hashing only: that member
+// may not serve the pool yet (Owns).
 func (m *Membership) Owner(pool types.NamespacedName) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ownerOf(false, pool)
+	return m.cur.owner(m.opts.ByNamespace, pool)
 }
 
-// ownerOf is the owner of pool among the members, or those before the
-// latest change (prev), in this membership's mode. The caller holds mu.
-func (m *Membership) ownerOf(prev bool, pool types.NamespacedName) string {
-	members, pts := m.members, m.ringCur
-	if prev {
-		members, pts = m.prev, m.ringPrev
-	}
-	if m.opts.ByNamespace {
-		return pointOwner(pts, fnv1a(pool.Namespace))
-	}
-	return owner(members, pool)
-}
-
-// Owns reports whether this replica owns pool now. A pool that came to it
-// with the latest change of members is owned only once RenewInterval has
-// passed since the change, time for its previous owner, if alive, to see
-// the change and stop. It owns nothing before the first Sync, nor once its
-// lease went unrenewed for LeaseDuration (the others count it dead then).
+// Owns reports whether this replica owns pool now: it is the pool's owner
+// among the live members (Owner), and it was so in every view of the
+// members it held within the last RenewInterval, the grace. So a pool that
+// came to it with a change of members is owned once RenewInterval has
+// passed since the change, however many changes followed it: time for the
+// previous owner, if alive, to see the change at its next Sync and stop.
+// A pool that stayed its own through every change is owned without a
+// pause.
+//
+// A replica that cannot know whether another served its pools owns
+// nothing for one grace: after its first Sync (a new replica, which may
+// take pools from owners that have not seen it yet; it waits even when
+// none served them, which it cannot tell), after renewing a
+// lease that had lapsed or had to be created anew (the others may have
+// counted it out), and from Leave on. It owns nothing before the first
+// Sync, nor once its lease went unrenewed for LeaseDuration (the others
+// count it dead then).
+//
+// This keeps two replicas from owning one pool at once provided every
+// live replica completes a Sync at least every RenewInterval while its
+// lease lives, nobody but its holder deletes a lease before every replica
+// saw it, and the replicas' clocks run at one rate. Start syncs every
+// RenewInterval plus the time a Sync takes, and a slow API server, a
+// lagging cache behind the client or a stalled process makes the gap
+// longer: two replicas may then both own a pool for that long, which pod
+// marks keep safe.
 func (m *Membership) Owns(pool types.NamespacedName) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	me := m.opts.Identity
-	if m.ownerOf(false, pool) != me || m.opts.Clock.Since(m.renewed) >= m.opts.LeaseDuration {
+	me, now, byNS := m.opts.Identity, m.opts.Clock.Now(), m.opts.ByNamespace
+	if now.Sub(m.renewed) >= m.leaseDuration() || m.cur.gap || m.cur.owner(byNS, pool) != me {
 		return false
 	}
-	return m.ownerOf(true, pool) == me || len(m.prev) == 0 ||
-		m.opts.Clock.Since(m.changed) >= m.opts.RenewInterval
+	for i := range m.past {
+		v := &m.past[i]
+		if now.Sub(v.until) < m.opts.RenewInterval && (v.gap || v.owner(byNS, pool) != me) {
+			return false
+		}
+	}
+	return true
 }
 
 // Ready is closed once the members were read once.
 func (m *Membership) Ready() <-chan struct{} { return m.ready }
 
-// Changes delivers a value after the live members changed (at most one is
-// pending): the reconciler should then requeue its pools, and again one
+// Changes delivers a value after each new view of the members (at most one
+// is pending): the live members changed, or a gap began or ended (see
+// Owns). The reconciler should then requeue its pools, and again one
 // RenewInterval later, when the pools that came to this replica become its
 // own (Owns).
 func (m *Membership) Changes() <-chan struct{} { return m.changes }
@@ -382,7 +492,7 @@ func mix(x uint64) uint64 {
 }
 
 // Source returns a controller-runtime source for the reconciler of pools:
-// after each change of the live members, and again RenewInterval later
+// after each new view of the members (Changes), and again RenewInterval later
 // (when the pools that came to this replica become its own, see Owns), it
 // queues every pool that pools returns, so that each replica starts or
 // stops serving the pools whose owner changed. It reads Changes: use one

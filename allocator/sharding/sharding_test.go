@@ -184,6 +184,10 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		{Namespace: "ns", Group: "g"},
 		{Namespace: "ns", Group: "g", Identity: "Not_A_Name"},
 		{Namespace: "ns", Group: "g", Identity: "a", LeaseDuration: time.Second, RenewInterval: 2 * time.Second},
+		{Namespace: "ns", Group: "g", Identity: "a", LeaseDuration: 500 * time.Millisecond, RenewInterval: 100 * time.Millisecond},
+		// A Lease holds 1s of 1.5s: the others count it dead before the
+		// renewal 1.2s on.
+		{Namespace: "ns", Group: "g", Identity: "a", LeaseDuration: 1500 * time.Millisecond, RenewInterval: 1200 * time.Millisecond},
 	} {
 		_, err := sharding.New(env.Client, o)
 		require.ErrorIs(t, err, sharding.ErrInvalidOptions, "%+v", o)
