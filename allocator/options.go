@@ -37,14 +37,16 @@ type RecycleRequest struct {
 	Pool types.NamespacedName
 	// Pod is the pod's name.
 	Pod string
-	// UID and ResourceVersion are the pod's as the allocator last saw it,
-	// with its mark naming Claim. With pod marks the allocator has just
-	// proven on the API server that the pod is at ResourceVersion, marked
-	// for Claim (a patch of the mark guarded by it, which changes
-	// nothing); the pod stays marked for Claim until the allocator records
-	// its release, after the recycler. A recycler that writes to the pod
-	// should still use them as preconditions, so that it is safe without
-	// pod marks too.
+	// UID and ResourceVersion are the pod's, with its mark naming Claim.
+	// With pod marks the allocator has just proven on the API server that
+	// the pod was marked for Claim at the version it knew, and stamped the
+	// recycle (a patch guarded by that version); ResourceVersion is the
+	// version that patch made. The pod stays marked for Claim until a
+	// release is recorded, after the recycler. A recycler that writes to
+	// the pod, or may take long, should use them as preconditions (as
+	// RecycleDelete does): another allocator recycling the same pod at
+	// once stamps a newer version, and without pod marks nothing else
+	// fences it.
 	UID             types.UID
 	ResourceVersion string
 	// Claim is the claim the pod is given back by.
