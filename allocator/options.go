@@ -129,11 +129,11 @@ type config struct {
 	// events records WithEvents's events, nil without it.
 	events *eventSink
 
-	client      client.Client
-	markKey     string
+	client  client.Client
+	markKey string
 	// stampKey is the annotation a recycle's fence writes (markKey +
 	// "-recycling"), "" without pod marks.
-	stampKey string
+	stampKey    string
 	marksOff    bool
 	markMigrate bool
 	store       store.AllocationStore
