@@ -51,6 +51,14 @@ func newClaimIn(t *testing.T, c client.Client, ns, name string, want int32) *tes
 	return cl
 }
 
+// poolIn creates pool "p" of n Ready pods in ns.
+func poolIn(t *testing.T, c client.Client, ns string, n int) (types.NamespacedName, []corev1.Pod) {
+	t.Helper()
+	pods, err := testenv.CreatePods(context.Background(), c, ns, "p", n, true)
+	require.NoError(t, err)
+	return types.NamespacedName{Namespace: ns, Name: "p"}, pods
+}
+
 // recordIn reads claim name's record in ns as stored.
 func recordIn(t *testing.T, c client.Client, ns, name string) syncer.Record {
 	t.Helper()
@@ -109,9 +117,7 @@ func recreatePod(t *testing.T, c client.Client, ns, name string) *corev1.Pod {
 func TestRegressionHeldPodRecreatedUnderItsNameIsLost(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		_, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
-		require.NoError(t, err)
+		pool, _ := poolIn(t, c, ns, 2)
 		newClaimIn(t, c, ns, "c", 1)
 		a, err := allocator.New(c)
 		require.NoError(t, err)
@@ -240,9 +246,7 @@ func (s *failFree) Free(pool types.NamespacedName, uid types.UID, pods []string)
 func TestRegressionStoreErrorAfterRecordWriteFailsClosed(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		_, err := testenv.CreatePods(ctx, c, ns, "p", 3, true)
-		require.NoError(t, err)
+		pool, _ := poolIn(t, c, ns, 3)
 		cl := newClaimIn(t, c, ns, "c", 1)
 		st := &failFree{AllocationStore: store.NewInMemory()}
 		a, err := allocator.New(c, allocator.WithPodMarks(false), allocator.WithStore(st))
@@ -357,9 +361,7 @@ func (r *liveMarkRecycler) recycle(ctx context.Context, req allocator.RecycleReq
 func TestRegressionStaleAllocatorRecyclesOnlyUnderItsMark(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		_, err := testenv.CreatePods(ctx, c, ns, "p", 1, true)
-		require.NoError(t, err)
+		pool, _ := poolIn(t, c, ns, 1)
 		cl := newClaimIn(t, c, ns, "c", 1)
 		stale := &liveMarkRecycler{t: t, c: c}
 		a, err := allocator.New(c, allocator.WithRecycler(stale.recycle))
@@ -551,9 +553,7 @@ func createPodIn(t *testing.T, c client.Client, ns, name string, ready bool) (*c
 func TestRegressionMarkRemovedByHandIsRestoredByItsHolder(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		pods, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
-		require.NoError(t, err)
+		pool, pods := poolIn(t, c, ns, 2)
 		newClaimIn(t, c, ns, "c", 1)
 		rec := &recordingRecycler{}
 		a, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
@@ -599,9 +599,7 @@ func TestRegressionMarkRemovedByHandIsRestoredByItsHolder(t *testing.T) {
 func TestRegressionForgedRecordReportedAtRecovery(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		_, err := testenv.CreatePods(ctx, c, ns, "p", 3, true)
-		require.NoError(t, err)
+		pool, _ := poolIn(t, c, ns, 3)
 		newClaimIn(t, c, ns, "a", 1)
 		a, err := allocator.New(c)
 		require.NoError(t, err)
@@ -642,9 +640,7 @@ func TestRegressionForgedRecordReportedAtRecovery(t *testing.T) {
 func TestRegressionRecycleOnAStaleMarkIsRefused(t *testing.T) {
 	onBoth(t, func(t *testing.T, c client.Client, ns string) {
 		ctx := context.Background()
-		pool := types.NamespacedName{Namespace: ns, Name: "p"}
-		pods, err := testenv.CreatePods(ctx, c, ns, "p", 2, true)
-		require.NoError(t, err)
+		pool, pods := poolIn(t, c, ns, 2)
 		cl := newClaimIn(t, c, ns, "c", 1)
 		a, err := allocator.New(c)
 		require.NoError(t, err)
