@@ -356,7 +356,7 @@ func (a *defaultAllocator) drop(p *pool, emptyStore bool) {
 // call's error err: a pool whose state broke the diagram, whose store
 // failed, or, with WithInvariantChecks, that fails its self-check, fails
 // closed (docs/design.md, "Failure").
-func (a *defaultAllocator) finish(p *pool, res *Result, err error) error {
+func (a *defaultAllocator) finish(p *pool, err error) error {
 	fail := p.violation
 	p.violation = nil
 	if serr := p.takeStoreErr(); serr != nil && !errors.Is(err, ErrStore) {

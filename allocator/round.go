@@ -172,7 +172,7 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 			continue
 		}
 		res, err := a.guarded(p, func() (Result, error) { return a.roundLocked(ctx, p, in, checked) })
-		err = a.finish(p, &res, err)
+		err = a.finish(p, err)
 		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
 		p.mu.Unlock()
 		return res, err
@@ -258,7 +258,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 			continue
 		}
 		res, err := a.guarded(p, func() (Result, error) { return a.updateLocked(ctx, p, ch) })
-		err = a.finish(p, &res, err)
+		err = a.finish(p, err)
 		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
 		p.mu.Unlock()
 		return res, err
