@@ -359,8 +359,13 @@ func (a *defaultAllocator) drop(p *pool, emptyStore bool) {
 func (a *defaultAllocator) finish(p *pool, err error) error {
 	fail := p.violation
 	p.violation = nil
-	if serr := p.takeStoreErr(); serr != nil && !errors.Is(err, ErrStore) {
+	merr := p.checkMoved()
+	serr := p.takeStoreErr()
+	if serr != nil && !errors.Is(err, ErrStore) {
 		err = errors.Join(err, serr)
+	}
+	if fail == nil && merr != nil && serr == nil {
+		fail = merr // (a store that fails makes passive states unknowable)
 	}
 	if fail == nil && a.cfg.checks && p.recovered {
 		if cerr := p.checkInvariants(a); cerr != nil {
@@ -531,6 +536,9 @@ type pool struct {
 	// violation is the first move of a pod's state that setState refused
 	// in the current round: the pool fails closed.
 	violation error
+	// moved are the pods whose state changed in the current call, checked
+	// at its end (checkMoved).
+	moved []*podInfo
 	// dead is set when the pool's state was dropped (ForgetPool, or the
 	// pool failed closed): a round that waited for mu looks the pool up
 	// again.

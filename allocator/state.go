@@ -165,6 +165,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 		pi.setClaim(nil, pi.reservedUntil())
 	}
 	pi.state = to
+	p.moved = append(p.moved, pi)
 	// Enter to.
 	switch to {
 	case stateFree:
@@ -282,6 +283,65 @@ func (p *pool) reserve(pi *podInfo, ci *claimInfo, until time.Time) {
 func (p *pool) entryIn(name string, s podState) *podInfo {
 	if pi := p.pods.Get(name); pi != nil && pi.state == s {
 		return pi
+	}
+	return nil
+}
+
+// maxMoved bounds the memory pool.moved keeps between calls.
+const maxMoved = 1024
+
+// checkMoved checks the pods whose state changed in the current call (see
+// pool.moved), at its end: a passive state is the one the listing and the
+// store give the pod, an active one concerns a claim, and the pod is in
+// exactly the set and list of its state. It costs what the call changed,
+// not the pool's size, and runs after every Round and Update, whatever
+// WithInvariantChecks says (which checks the whole pool).
+func (p *pool) checkMoved() error {
+	defer func() {
+		clear(p.moved)
+		if cap(p.moved) > maxMoved {
+			p.moved = nil
+		} else {
+			p.moved = p.moved[:0]
+		}
+	}()
+	for _, pi := range p.moved {
+		if p.podSeen.at(pi) == nil {
+			continue // forgotten (removePod left the state that counts it)
+		}
+		if err := p.checkPod(pi); err != nil {
+			return fmt.Errorf("pool %s: %w: %w", p.name, ErrInconsistent, err)
+		}
+	}
+	return nil
+}
+
+// checkPod checks one pod's state against what it is derived from and
+// against the sets and the free list that follow it.
+func (p *pool) checkPod(pi *podInfo) error {
+	name := pi.name()
+	if pi.state.active() {
+		if pi.claim() == nil || p.pods.Get(name) != pi {
+			return fmt.Errorf("pod %s (uid %s) is %s for claim %v, entry %t", name, pi.uid(), pi.state, pi.claim() != nil, p.pods.Get(name) == pi)
+		}
+	} else {
+		if want, _ := p.passive(pi); pi.state != want {
+			return fmt.Errorf("pod %s (uid %s): state %s, the listing and the store say %s", name, pi.uid(), pi.state, want)
+		}
+		if pi.claim() != nil {
+			return fmt.Errorf("pod %s (uid %s) is %s and keeps a claim", name, pi.uid(), pi.state)
+		}
+	}
+	if free := pi.freeIdx >= 0 && int(pi.freeIdx) < len(p.free) && p.free[pi.freeIdx].Name == name; free != (pi.state == stateFree) || (pi.freeIdx >= 0) != free {
+		return fmt.Errorf("pod %s (uid %s): state %s, at %d in the free list", name, pi.uid(), pi.state, pi.freeIdx)
+	}
+	_, lost := p.lost[pi]
+	_, reserved := p.reserved[pi]
+	_, settling := p.settling[pi]
+	_, recycling := p.recycling[pi]
+	if lost != (pi.state == stateLost) || reserved != (pi.state == stateReserved) ||
+		settling != (pi.state == stateSettling) || recycling != (pi.state == stateRecycling) {
+		return fmt.Errorf("pod %s (uid %s): state %s, in the sets lost %t, reserved %t, settling %t, recycling %t", name, pi.uid(), pi.state, lost, reserved, settling, recycling)
 	}
 	return nil
 }
