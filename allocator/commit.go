@@ -37,6 +37,15 @@ type write struct {
 	// known only at a version older than it (staleMarks), by name.
 	marks map[string]string
 
+	// What prepare read and decide made of it, for write.
+	base      client.Object  // the version the write replaces
+	own       bool           // base is the version known, not a live read
+	baseRec   *syncer.Record // base's record, nil if it cannot be read
+	releaseOK bool           // base's release list could be read
+	want      syncer.Record  // the record to write
+	fin       bool           // whether the claim keeps the finalizer
+	skip      bool           // set by prepare or decide: nothing to write
+
 	// Outcome, set by do and read by apply.
 	obj     client.Object // the claim as stored after the write
 	fresh   client.Object // a newer claim read live along the way
@@ -154,7 +163,15 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	}
 	slices.SortFunc(writes, func(x, y *write) int { return compareNames(x.ci, y.ci) })
 	r.markPods(writes)
-	r.parallel(len(writes), func(i int) { r.do(writes[i]) })
+	// Read, decide, then write (docs/design.md, "Decide, then act"):
+	// the reads each write rests on run concurrently, the records are
+	// decided one claim at a time on what was read and what the pool
+	// knows, and only the writes run concurrently again.
+	r.parallel(len(writes), func(i int) { r.prepare(writes[i]) })
+	for _, w := range writes {
+		r.decide(w)
+	}
+	r.parallel(len(writes), func(i int) { r.write(writes[i]) })
 	for _, w := range writes {
 		if r.failed {
 			// The store refused to follow a durable write: the pool fails
@@ -339,8 +356,8 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 	return syncer.Record{Allocated: allocated, Release: release, Released: released}, fin
 }
 
-// do performs w's write. It runs concurrently with other claims' writes and
-// touches nothing shared: the outcome is applied by apply.
+// prepare, decide and write perform w's record write; apply applies its
+// outcome.
 //
 // A write is based on a version of the claim whose spec the caller showed
 // the allocator (a listing) or on the allocator's own last write of it: the
@@ -351,7 +368,16 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 // when it is at the resourceVersion known, which makes it that version. A
 // conflict is left for the next round, when the listing shows the new
 // version.
-func (r *round) do(w *write) {
+//
+// It is split in three: prepare reads what the write rests on (the claim,
+// live where the version known was let go or the claim left the listing;
+// the live marks of pods its record lists that are known only older), and
+// runs concurrently with other claims' reads; decide makes the record
+// from what was read and what the pool knows, one claim at a time; write
+// performs it, concurrently with other claims' writes, and touches nothing
+// shared: the outcome is applied by apply.
+func (r *round) prepare(w *write) {
+	w.skip = true // until prepared in full
 	s := r.a.cfg.syncer
 	base := w.ci.object()
 	own := base != nil
@@ -434,15 +460,33 @@ func (r *round) do(w *write) {
 		}
 	}
 	w.marks = r.staleMarks(w.ci, base, baseRec)
-	rec, fin := r.desired(w, baseRec, err == nil, own)
-	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
-		(!w.ci.rewrite || baseRec != nil && sameRecord(*baseRec, rec)) && fin == s.HasFinalizer(base) {
-		// Nothing to change (a rewrite that would write what is there
-		// already changes nothing either).
-		w.obj, w.rec = base, rec
+	w.base, w.own, w.baseRec, w.releaseOK, w.skip = base, own, baseRec, err == nil, false
+}
+
+// decide makes the record w writes from what prepare read (see prepare).
+func (r *round) decide(w *write) {
+	if w.skip {
 		return
 	}
-	obj, err := s.Write(r.ctx, base, rec, fin)
+	s := r.a.cfg.syncer
+	rec, fin := r.desired(w, w.baseRec, w.releaseOK, w.own)
+	if len(w.add) == 0 && len(w.done) == 0 && len(w.drop) == 0 && len(w.adopt) == 0 && len(w.settled) == 0 &&
+		(!w.ci.rewrite || w.baseRec != nil && sameRecord(*w.baseRec, rec)) && fin == s.HasFinalizer(w.base) {
+		// Nothing to change (a rewrite that would write what is there
+		// already changes nothing either).
+		w.obj, w.rec, w.skip = w.base, rec, true
+		return
+	}
+	w.want, w.fin = rec, fin
+}
+
+// write performs w's write as decided (see prepare).
+func (r *round) write(w *write) {
+	if w.skip {
+		return
+	}
+	s, base, rec := r.a.cfg.syncer, w.base, w.want
+	obj, err := s.Write(r.ctx, base, rec, w.fin)
 	if err == nil && nilObject(obj) {
 		// What the write did is unknown: read back below.
 		err = fmt.Errorf("claim %s: write record: the syncer returned no claim (AllocationSyncer.Write must return the claim as stored)", w.ci.name())
@@ -509,8 +553,8 @@ func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
 // staleMarks reads live the pods that base's record lists as held, whose
 // marks as known do not name ci and are older than base: a write must not
 // drop a pod the record lists on a belief older than the record (the pod
-// may have been marked for ci since). It runs in do, concurrently with
-// other writes, and only reads the pool.
+// may have been marked for ci since). It runs in prepare, concurrently with
+// other claims' reads, and only reads the pool.
 func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) map[string]string {
 	if !r.marks() || baseRec == nil {
 		return nil
