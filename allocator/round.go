@@ -1014,6 +1014,7 @@ func (r *round) recover(claims []Claim) error {
 		}
 		r.check = r.check[:0]
 		p.recovered = true
+		p.forgetMoves()
 		return nil
 	}
 	// Pods a moved claim holds in a pool that already recovered stay there.
@@ -1046,6 +1047,7 @@ func (r *round) recover(claims []Claim) error {
 		a.setHolds(f.ci, true)
 	}
 	p.recovered = true
+	p.forgetMoves()
 	return nil
 }
 

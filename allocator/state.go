@@ -165,7 +165,9 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 		pi.setClaim(nil, pi.reservedUntil())
 	}
 	pi.state = to
-	p.moved = append(p.moved, pi)
+	if n := len(p.moved); n == 0 || p.moved[n-1] != pi { // a pod's moves come in runs
+		p.moved = append(p.moved, pi)
+	}
 	// Enter to.
 	switch to {
 	case stateFree:
@@ -297,14 +299,7 @@ const maxMoved = 1024
 // not the pool's size, and runs after every Round and Update, whatever
 // WithInvariantChecks says (which checks the whole pool).
 func (p *pool) checkMoved() error {
-	defer func() {
-		clear(p.moved)
-		if cap(p.moved) > maxMoved {
-			p.moved = nil
-		} else {
-			p.moved = p.moved[:0]
-		}
-	}()
+	defer p.forgetMoves()
 	for _, pi := range p.moved {
 		if p.podSeen.at(pi) == nil {
 			continue // forgotten (removePod left the state that counts it)
@@ -314,6 +309,19 @@ func (p *pool) checkMoved() error {
 		}
 	}
 	return nil
+}
+
+// forgetMoves empties pool.moved. Recovery calls it too: it has just set
+// every pod's state from what the listing, the marks and the records say
+// (reset), which checkMoved would only repeat at the cost of the pool's
+// size; WithInvariantChecks checks the pool whole.
+func (p *pool) forgetMoves() {
+	clear(p.moved)
+	if cap(p.moved) > maxMoved {
+		p.moved = nil
+	} else {
+		p.moved = p.moved[:0]
+	}
 }
 
 // checkPod checks one pod's state against what it is derived from and
@@ -335,10 +343,14 @@ func (p *pool) checkPod(pi *podInfo) error {
 	if free := pi.freeIdx >= 0 && int(pi.freeIdx) < len(p.free) && p.free[pi.freeIdx].Name == name; free != (pi.state == stateFree) || (pi.freeIdx >= 0) != free {
 		return fmt.Errorf("pod %s (uid %s): state %s, at %d in the free list", name, pi.uid(), pi.state, pi.freeIdx)
 	}
-	_, lost := p.lost[pi]
-	_, reserved := p.reserved[pi]
-	_, settling := p.settling[pi]
-	_, recycling := p.recycling[pi]
+	in := func(set map[*podInfo]struct{}) bool {
+		if len(set) == 0 {
+			return false // most sets are empty most of the time: no lookup
+		}
+		_, ok := set[pi]
+		return ok
+	}
+	lost, reserved, settling, recycling := in(p.lost), in(p.reserved), in(p.settling), in(p.recycling)
 	if lost != (pi.state == stateLost) || reserved != (pi.state == stateReserved) ||
 		settling != (pi.state == stateSettling) || recycling != (pi.state == stateRecycling) {
 		return fmt.Errorf("pod %s (uid %s): state %s, in the sets lost %t, reserved %t, settling %t, recycling %t", name, pi.uid(), pi.state, lost, reserved, settling, recycling)
