@@ -309,9 +309,14 @@ func (r *round) run() (Result, error) {
 	if len(r.p.tombs) > 0 {
 		r.pruneTombs()
 	}
+	// Read what the decisions rest on, and take what is decided by it
+	// alone: which marks and records to believe, which writes of unknown
+	// outcome landed, which held pods are gone, which claims left.
 	r.resolvePods()
 	r.settleReservations()
 	r.checkLost()
+	r.queueOrphans()
+	// Decide.
 	r.p.orderArrivals()
 	act, err := r.plan()
 	if err != nil {
@@ -340,8 +345,8 @@ func (r *round) run() (Result, error) {
 		r.report()
 		return *r.res, errors.Join(r.errs...)
 	}
+	// Act.
 	r.queueReleases(act.Release)
-	r.queueOrphans()
 	r.markHeld()
 	if r.failed {
 		r.report()
@@ -1311,44 +1316,52 @@ func (r *round) settleReservations() {
 	if len(r.p.reserved) == 0 {
 		return
 	}
+	// Decide what is settled on what is known; read the claims whose
+	// reservations are due, all at once; then decide on what was read.
+	type settle struct {
+		ci          *claimInfo
+		landed, due []*podInfo
+	}
+	var all []*settle
+	var read []*claimInfo
 	for ci, pods := range r.reservationsByClaim() {
+		s := &settle{ci: ci}
 		var held []string
 		if o := ci.object(); o != nil {
 			if rec, err := r.a.cfg.syncer.Read(o); err == nil {
 				held = rec.Held()
 			}
 		}
-		var landed, failed []*podInfo
-		var due []*podInfo
 		for _, pi := range pods {
 			switch {
 			case slices.Contains(held, pi.name()) && (!r.marks() || pi.markUID(r.p.name) == ci.uid()):
-				landed = append(landed, pi)
+				s.landed = append(s.landed, pi)
 			case !r.now.Before(pi.reservedUntil()):
-				due = append(due, pi)
+				s.due = append(s.due, pi)
 			}
 		}
-		if len(due) > 0 {
-			base := ci.object()
-			if base == nil {
-				base = r.p.protoFor(ci)
-			}
-			var live client.Object
-			err := errNoProto
-			if base != nil {
-				live, err = r.live(ci, base)
-			}
-			switch {
-			case apierrors.IsNotFound(err):
+		all = append(all, s)
+		if len(s.due) > 0 {
+			read = append(read, ci)
+		}
+	}
+	slices.SortFunc(all, func(x, y *settle) int { return compareNames(x.ci, y.ci) })
+	lives := r.readClaims(read)
+	for _, s := range all {
+		ci, landed := s.ci, s.landed
+		var failed []*podInfo
+		if len(s.due) > 0 {
+			switch lc := lives[ci]; {
+			case apierrors.IsNotFound(lc.err):
 				// The claim is gone; if a write landed its owner may have
 				// used the pods, so they are recycled, not freed.
 				ci.setGone()
-				landed = append(landed, due...)
-			case err != nil:
-				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, err)))
+				landed = append(landed, s.due...)
+			case lc.err != nil:
+				r.errs = append(r.errs, r.claimErr(ci, fmt.Errorf("%w: settle unknown write: %w", ErrWrite, lc.err)))
 			default:
-				rec, err := r.a.cfg.syncer.Read(live)
-				for _, pi := range due {
+				rec, err := r.a.cfg.syncer.Read(lc.obj)
+				for _, pi := range s.due {
 					if err == nil && slices.Contains(rec.Held(), pi.name()) {
 						landed = append(landed, pi)
 					} else {
@@ -1360,6 +1373,40 @@ func (r *round) settleReservations() {
 		r.unreserve(ci, landed, true)
 		r.unreserve(ci, failed, false)
 	}
+}
+
+// liveClaim is a live read of one claim.
+type liveClaim struct {
+	obj client.Object
+	err error
+}
+
+// readClaims reads the claims live, concurrently: the reads a decision
+// rests on, made at once before it is taken. A claim known only from pod
+// marks in a pool that listed none cannot be read (errNoProto).
+func (r *round) readClaims(cis []*claimInfo) map[*claimInfo]liveClaim {
+	if len(cis) == 0 {
+		return nil
+	}
+	bases := make([]client.Object, len(cis))
+	for i, ci := range cis {
+		if bases[i] = ci.object(); bases[i] == nil {
+			bases[i] = r.p.protoFor(ci)
+		}
+	}
+	out := make([]liveClaim, len(cis))
+	r.parallel(len(cis), func(i int) {
+		if bases[i] == nil {
+			out[i].err = errNoProto
+			return
+		}
+		out[i].obj, out[i].err = r.live(cis[i], bases[i])
+	})
+	m := make(map[*claimInfo]liveClaim, len(cis))
+	for i, ci := range cis {
+		m[ci] = out[i]
+	}
+	return m
 }
 
 // unreserve ends the reservation of pods for ci: they are held by it if
@@ -1803,14 +1850,20 @@ func (r *round) queueReleases(grants []algorithm.Grant) {
 // Quarantine (then they are recycled and recorded released, as for a
 // release the owner asked for).
 func (r *round) queueOrphans() {
+	var orphans, probe []*claimInfo
 	for ci := range r.p.dirty {
 		if ci.listed || r.p.nHeld(ci) == 0 {
 			continue
 		}
+		orphans = append(orphans, ci)
 		if since := ci.since(); !since.IsZero() && !ci.isGone() && r.now.Before(since.Add(r.a.cfg.quarantine)) {
-			if left, err := r.probe(ci); err != nil || !left {
-				continue
-			}
+			probe = append(probe, ci)
+		}
+	}
+	lives := r.readClaims(probe)
+	for _, ci := range orphans {
+		if lc, read := lives[ci]; read && !r.left(ci, lc) {
+			continue
 		}
 		for _, pi := range r.p.held(ci) {
 			r.startRecycling(ci, pi)
@@ -1818,33 +1871,20 @@ func (r *round) queueOrphans() {
 	}
 }
 
-// probe reads a claim that left the pool's listing live and reports
-// whether it left the pool for certain: it no longer exists (ci.isGone()
-// is set then), or WithClaimPool says it is in another pool (or none).
-// It returns why the claim could not be read.
-func (r *round) probe(ci *claimInfo) (left bool, err error) {
-	if ci.isGone() {
-		return true, nil
-	}
-	base := ci.object()
-	if base == nil {
-		base = r.p.protoFor(ci)
-	}
-	if base == nil {
-		return false, errNoProto
-	}
-	live, err := r.live(ci, base)
+// left reports, from a live read of a claim that left the pool's
+// listing, whether it left the pool for certain: it no longer exists
+// (ci.isGone() is set then), or WithClaimPool says it is in another pool
+// (or none). A claim that could not be read has not.
+func (r *round) left(ci *claimInfo, lc liveClaim) bool {
 	switch {
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(lc.err):
 		ci.setGone()
-		return true, nil
-	case err != nil:
-		return false, err
+		return true
+	case lc.err != nil:
+		return false
 	}
-	if poolOf := r.a.cfg.claimPool; poolOf != nil && poolOf(live) != r.p.name {
-		return true, nil
-	}
-	return false, nil
+	poolOf := r.a.cfg.claimPool
+	return poolOf != nil && poolOf(lc.obj) != r.p.name
 }
 
 // recycleJob is one pod to recycle (or settle) for a claim.
