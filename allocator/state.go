@@ -162,7 +162,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 		p.dirty[pi.claim()] = struct{}{}
 	}
 	if from.active() {
-		pi.setClaim(nil, pi.reservedUntil())
+		pi.setClaim(nil, time.Time{})
 	}
 	pi.state = to
 	if n := len(p.moved); n == 0 || p.moved[n-1] != pi { // a pod's moves come in runs
