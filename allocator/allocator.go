@@ -340,10 +340,8 @@ func (a *defaultAllocator) drop(p *pool, emptyStore bool) {
 	if emptyStore {
 		_ = a.cfg.store.DeletePool(p.name)
 	}
-	if p.claims.Len() > 0 {
-		for c := range p.claims.All() {
-			a.setHolds(c, false)
-		}
+	for c := range p.claims.All() {
+		a.setHolds(c, false)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

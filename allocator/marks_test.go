@@ -35,10 +35,7 @@ func (f *fixture) marks(pool string) map[string]string {
 
 func (f *fixture) forceDelete(name string) {
 	f.t.Helper()
-	c := f.get(name)
-	c.Finalizers = nil
-	require.NoError(f.t, f.c.Update(f.ctx, c))
-	require.NoError(f.t, f.c.Delete(f.ctx, c))
+	forceDeleteClaim(f.t, f.c, f.get(name))
 	require.True(f.t, f.gone(name))
 }
 

@@ -171,12 +171,20 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 			p.mu.Unlock()
 			continue
 		}
-		res, err := a.guarded(p, func() (Result, error) { return a.roundLocked(ctx, p, in, checked) })
-		err = a.finish(p, err)
-		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
+		res, err := a.runLocked(p, func() (Result, error) { return a.roundLocked(ctx, p, in, checked) })
 		p.mu.Unlock()
 		return res, err
 	}
+}
+
+// runLocked runs call, a round on p, whose mu the caller holds: under
+// guard, ended by finish, then the pool's gauges are published (under the
+// lock: see metrics.publish).
+func (a *defaultAllocator) runLocked(p *pool, call func() (Result, error)) (Result, error) {
+	res, err := a.guarded(p, call)
+	err = a.finish(p, err)
+	a.cfg.metrics.publish(p, res, err)
+	return res, err
 }
 
 // guarded runs call, a round on p, under guard.
@@ -257,9 +265,7 @@ func (a *defaultAllocator) doUpdate(ctx context.Context, ch Changes) (Result, er
 			p.mu.Unlock()
 			continue
 		}
-		res, err := a.guarded(p, func() (Result, error) { return a.updateLocked(ctx, p, ch) })
-		err = a.finish(p, err)
-		a.cfg.metrics.publish(p, res, err) // under the lock: see metrics.publish
+		res, err := a.runLocked(p, func() (Result, error) { return a.updateLocked(ctx, p, ch) })
 		p.mu.Unlock()
 		return res, err
 	}

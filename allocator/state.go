@@ -244,19 +244,21 @@ func (p *pool) passive(pi *podInfo) (podState, *claimInfo) {
 // refresh brings a pod that no decision concerns (not reserved, settling
 // or recycling) to the state the listing and the store give it.
 func (p *pool) refresh(pi *podInfo) {
-	if pi.state.active() {
-		return
+	if !pi.state.active() {
+		p.toPassive(pi)
 	}
-	to, holder := p.passive(pi)
-	p.setState(pi, to, holder, false)
 }
 
 // endActive ends a decision about pi (its reservation, settling or
 // recycling): it goes to the state the listing and the store give it.
 func (p *pool) endActive(pi *podInfo) {
-	if !pi.state.active() {
-		return
+	if pi.state.active() {
+		p.toPassive(pi)
 	}
+}
+
+// toPassive moves pi to the state the listing and the store give it.
+func (p *pool) toPassive(pi *podInfo) {
 	to, holder := p.passive(pi)
 	p.setState(pi, to, holder, false)
 }

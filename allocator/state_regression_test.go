@@ -52,6 +52,17 @@ func newClaimIn(t *testing.T, c client.Client, ns, name string, want int32) *tes
 	return cl
 }
 
+// forceDeleteClaim deletes cl with its finalizers removed first, as a user
+// who force-deletes it does: no allocator gets to release its pods.
+func forceDeleteClaim(t *testing.T, c client.Client, cl *testenv.Claim) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Finalizers = nil
+	require.NoError(t, c.Update(ctx, cl))
+	require.NoError(t, c.Delete(ctx, cl))
+}
+
 // poolIn creates pool "p" of n Ready pods in ns.
 func poolIn(t *testing.T, c client.Client, ns string, n int) (types.NamespacedName, []corev1.Pod) {
 	t.Helper()
@@ -657,10 +668,7 @@ func TestRegressionRecycleOnAStaleMarkIsRefused(t *testing.T) {
 		pod := &pods[slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Name == held })]
 
 		// Force-deleted while no allocator ran; its pod's mark stays.
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
-		cl.Finalizers = nil
-		require.NoError(t, c.Update(ctx, cl))
-		require.NoError(t, c.Delete(ctx, cl))
+		forceDeleteClaim(t, c, cl)
 		stale, err := world.Input(ctx, c, pool)
 		require.NoError(t, err)
 		// Another process settles the pod and removes the mark.
@@ -702,10 +710,7 @@ func TestRegressionConcurrentRecyclesOfOnePodAreFenced(t *testing.T) {
 		require.NoError(t, err)
 		held := res.Allocated[0].Pods[0]
 		mark := "c/" + string(cl.UID)
-		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
-		cl.Finalizers = nil
-		require.NoError(t, c.Update(ctx, cl))
-		require.NoError(t, c.Delete(ctx, cl))
+		forceDeleteClaim(t, c, cl)
 		listing, err := world.Input(ctx, c, pool)
 		require.NoError(t, err)
 
@@ -756,10 +761,7 @@ func TestRegressionHandedPodOfAGoneClaimIsRecycledNotRemarked(t *testing.T) {
 	held := firstRound(t, a, c, pool).Allocated[0].Pods[0]
 	claims, err := world.Input(ctx, c, pool)
 	require.NoError(t, err)
-	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
-	cl.Finalizers = nil
-	require.NoError(t, c.Update(ctx, cl))
-	require.NoError(t, c.Delete(ctx, cl))
+	forceDeleteClaim(t, c, cl)
 	var pod corev1.Pod
 	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
 	markPod(t, c, &pod, "")
