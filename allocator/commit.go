@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,16 +36,17 @@ type write struct {
 	// known only at a version older than it (staleMarks), by name.
 	marks map[string]string
 
-	// What prepare read and decide made of it, for write.
+	// What readFor and based read and decide made of it, for the write.
 	base      client.Object  // the version the write replaces
+	reread    bool           // base is the version known, let go and read again
 	own       bool           // base is the version known, not a live read
 	baseRec   *syncer.Record // base's record, nil if it cannot be read
 	releaseOK bool           // base's release list could be read
 	want      syncer.Record  // the record to write
 	fin       bool           // whether the claim keeps the finalizer
-	skip      bool           // set by prepare or decide: nothing to write
+	skip      bool           // set by readFor, based or decide: nothing to write
 
-	// Outcome, set by do and read by apply.
+	// Outcome, set by wrote and read by apply.
 	obj     client.Object // the claim as stored after the write
 	fresh   client.Object // a newer claim read live along the way
 	rec     syncer.Record // what was written
@@ -167,11 +167,40 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 	// the reads each write rests on run concurrently, the records are
 	// decided one claim at a time on what was read and what the pool
 	// knows, and only the writes run concurrently again.
-	r.parallel(len(writes), func(i int) { r.prepare(writes[i]) })
-	for _, w := range writes {
-		r.decide(w)
+	var claims, pods, records effects
+	reads := make([]*claimGet, len(writes))
+	for i, w := range writes {
+		if reads[i] = r.readFor(w); reads[i] != nil {
+			claims.claimReads = append(claims.claimReads, reads[i])
+		}
 	}
-	r.parallel(len(writes), func(i int) { r.write(writes[i]) })
+	r.exec(&claims)
+	stale := make([][]*podInfo, len(writes))
+	for i, w := range writes {
+		stale[i] = r.based(w, reads[i])
+		for _, pi := range stale[i] {
+			pods.podReads = append(pods.podReads, &podGet{name: pi.name()})
+		}
+	}
+	r.exec(&pods)
+	calls := make([]*recordWrite, len(writes))
+	k := 0
+	for i, w := range writes {
+		for _, pi := range stale[i] {
+			r.staleMark(w, pi, pods.podReads[k])
+			k++
+		}
+		r.decide(w)
+		if calls[i] = r.writeCall(w); calls[i] != nil {
+			records.writes = append(records.writes, calls[i])
+		}
+	}
+	r.exec(&records)
+	for i, w := range writes {
+		if calls[i] != nil {
+			r.wrote(w, calls[i])
+		}
+	}
 	for _, w := range writes {
 		if r.failed {
 			// The store refused to follow a durable write: the pool fails
@@ -356,8 +385,8 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 	return syncer.Record{Allocated: allocated, Release: release, Released: released}, fin
 }
 
-// prepare, decide and write perform w's record write; apply applies its
-// outcome.
+// A claim's record write is decided and made in steps (docs/design.md
+// §10); apply applies its outcome.
 //
 // A write is based on a version of the claim whose spec the caller showed
 // the allocator (a listing) or on the allocator's own last write of it: the
@@ -369,73 +398,75 @@ func (r *round) desiredOpenSandbox(w *write, baseRec *syncer.Record, held, relea
 // conflict is left for the next round, when the listing shows the new
 // version.
 //
-// It is split in three: prepare reads what the write rests on (the claim,
-// live where the version known was let go or the claim left the listing;
-// the live marks of pods its record lists that are known only older), and
-// runs concurrently with other claims' reads; decide makes the record
-// from what was read and what the pool knows, one claim at a time; write
-// performs it, concurrently with other claims' writes, and touches nothing
-// shared: the outcome is applied by apply.
-func (r *round) prepare(w *write) {
+// The steps, each deciding on what is known and then making its calls
+// for every claim at once: readFor decides the live read of the claim the
+// write rests on, if any (where the version known was let go, or the
+// claim left the listing); based takes it in and decides the live reads
+// of pods its record lists whose marks are known only older than it
+// (staleMark takes each in); decide makes the record; writeCall is the
+// write, and wrote takes in its outcome.
+func (r *round) readFor(w *write) *claimGet {
 	w.skip = true // until prepared in full
-	s := r.a.cfg.syncer
 	base := w.ci.object()
-	own := base != nil
+	w.own = base != nil
 	if base == nil && w.ci.letGone() && w.ci.listed {
 		// The version known was let go when the claim settled: read it
 		// again. Read at the resourceVersion known, it is that version;
 		// at another, the claim changed since the listing, and the write
 		// waits for the listing to show the change, as after a conflict.
-		proto := r.p.protoFor(w.ci)
-		if proto == nil {
-			w.err = fmt.Errorf("read claim: %w", errNoProto)
-			return
-		}
-		live, err := r.live(w.ci, proto)
-		switch {
-		case apierrors.IsNotFound(err):
-			w.gone = true
-			return
-		case err != nil:
-			w.err = fmt.Errorf("read claim: %w", err)
-			return
-		case live.GetResourceVersion() != w.ci.rv:
-			w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name().Name,
-				fmt.Errorf("claim %s changed since resourceVersion %s, which the allocator knows", w.ci.name(), w.ci.rv))
-			return
-		}
-		base, own = live, true
+		w.reread = true
+		return r.claimGet(w.ci, nil)
 	}
 	if base == nil {
 		// A claim known only from its pods' marks.
 		if w.ci.isGone() {
 			w.gone = true
-			return
+			return nil
 		}
 		if base = r.p.protoFor(w.ci); base == nil {
 			w.err = fmt.Errorf("read claim: %w", errNoProto)
-			return
+			return nil
 		}
 	}
+	w.base = base
 	if !w.ci.listed {
 		// Not in the listing: it may be gone or moved; ask the server.
 		// Such a write only gives pods back, which needs no spec.
-		live, err := r.live(w.ci, base)
-		if apierrors.IsNotFound(err) {
+		return r.claimGet(w.ci, base)
+	}
+	return nil
+}
+
+// based takes in rd, the read readFor decided on (nil if none), and
+// returns the pods whose live marks the write must be decided on.
+func (r *round) based(w *write, rd *claimGet) []*podInfo {
+	if w.gone || w.err != nil {
+		return nil
+	}
+	base := w.base
+	if rd != nil {
+		switch {
+		case apierrors.IsNotFound(rd.err):
 			w.gone = true
-			return
+			return nil
+		case rd.err != nil:
+			w.err = fmt.Errorf("read claim: %w", rd.err)
+			return nil
+		case !w.reread:
+			base, w.fresh, w.own = rd.obj, rd.obj, false
+		case rd.obj.GetResourceVersion() != w.ci.rv:
+			w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name().Name,
+				fmt.Errorf("claim %s changed since resourceVersion %s, which the allocator knows", w.ci.name(), w.ci.rv))
+			return nil
+		default:
+			base, w.own = rd.obj, true
 		}
-		if err != nil {
-			w.err = fmt.Errorf("read claim: %w", err)
-			return
-		}
-		base, w.fresh, own = live, live, false
 	}
 	if base.GetDeletionTimestamp() != nil {
 		w.add = nil // I8: a terminating claim gets nothing new
 	}
 	var baseRec *syncer.Record
-	decoded, err := s.Read(base)
+	decoded, err := r.a.cfg.syncer.Read(base)
 	if err == nil || errors.Is(err, syncer.ErrMalformedRelease) {
 		baseRec = &decoded
 	}
@@ -454,16 +485,16 @@ func (r *round) prepare(w *write) {
 				if slices.Contains(held, name) {
 					w.err = apierrors.NewConflict(schema.GroupResource{}, w.ci.name().Name,
 						fmt.Errorf("claim %s holds pod %s again in a record newer than the one known", w.ci.name(), name))
-					return
+					return nil
 				}
 			}
 		}
 	}
-	w.marks = r.staleMarks(w.ci, base, baseRec)
-	w.base, w.own, w.baseRec, w.releaseOK, w.skip = base, own, baseRec, err == nil, false
+	w.base, w.baseRec, w.releaseOK, w.skip = base, baseRec, err == nil, false
+	return r.staleMarks(w.ci, base, baseRec)
 }
 
-// decide makes the record w writes from what prepare read (see prepare).
+// decide makes the record w writes from what readFor and based read.
 func (r *round) decide(w *write) {
 	if w.skip {
 		return
@@ -480,17 +511,17 @@ func (r *round) decide(w *write) {
 	w.want, w.fin = rec, fin
 }
 
-// write performs w's write as decided (see prepare).
-func (r *round) write(w *write) {
+// writeCall is the write decide made for w, nil if none.
+func (r *round) writeCall(w *write) *recordWrite {
 	if w.skip {
-		return
+		return nil
 	}
-	s, base, rec := r.a.cfg.syncer, w.base, w.want
-	obj, err := s.Write(r.ctx, base, rec, w.fin)
-	if err == nil && nilObject(obj) {
-		// What the write did is unknown: read back below.
-		err = fmt.Errorf("claim %s: write record: the syncer returned no claim (AllocationSyncer.Write must return the claim as stored)", w.ci.name())
-	}
+	return &recordWrite{uid: w.ci.uid(), name: w.ci.name(), base: w.base, rec: w.want, fin: w.fin}
+}
+
+// wrote takes in the outcome of w's write, c.
+func (r *round) wrote(w *write, c *recordWrite) {
+	obj, err, base, rec := c.obj, c.err, w.base, w.want
 	if err == nil && obj.GetResourceVersion() == base.GetResourceVersion() &&
 		(obj.GetDeletionTimestamp() == nil || len(obj.GetFinalizers()) > 0) {
 		// The new version is what fences the marks of pods the record no
@@ -513,13 +544,12 @@ func (r *round) write(w *write) {
 	if definite(err) {
 		return
 	}
-	// The write may have landed. Read it back: if the claim shows the new
-	// record, it did. Otherwise the request may still be in flight, so
-	// the new pods are reserved, not freed.
-	live, gerr := r.live(w.ci, base)
-	if gerr == nil {
-		w.fresh = live
-		if got, rerr := s.Read(live); rerr == nil && slices.Equal(sortedCopy(got.Held()), sortedCopy(rec.Held())) {
+	// The write may have landed. The executor read the claim back: if it
+	// shows the new record, it did. Otherwise the request may still be in
+	// flight, so the new pods are reserved, not freed.
+	if rb := c.readBack; rb != nil && rb.err == nil {
+		w.fresh = rb.obj
+		if got, rerr := r.a.cfg.syncer.Read(rb.obj); rerr == nil && slices.Equal(sortedCopy(got.Held()), sortedCopy(rec.Held())) {
 			w.rec, w.err, w.landed = rec, nil, true
 			return
 		}
@@ -550,46 +580,36 @@ func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
 	return pi
 }
 
-// staleMarks reads live the pods that base's record lists as held, whose
+// staleMarks returns the pods that base's record lists as held, whose
 // marks as known do not name ci and are older than base: a write must not
 // drop a pod the record lists on a belief older than the record (the pod
-// may have been marked for ci since). It runs in prepare, concurrently with
-// other claims' reads, and only reads the pool.
-func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) map[string]string {
+// may have been marked for ci since). They are read live (staleMark).
+func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) []*podInfo {
 	if !r.marks() || baseRec == nil {
 		return nil
 	}
 	baseRV := rvNum(base.GetResourceVersion())
-	var out map[string]string
+	var out []*podInfo
 	for _, name := range baseRec.Held() {
 		pi := r.p.recordPod(ci, name)
 		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid() || rvNum(pi.rv) >= baseRV {
 			continue
 		}
-		var pod corev1.Pod
-		if err := r.a.cfg.podReader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: name}, &pod); err != nil || pod.UID != pi.uid() {
-			continue
-		}
-		if out == nil {
-			out = make(map[string]string)
-		}
-		out[name] = pod.Annotations[r.a.cfg.markKey]
+		out = append(out, pi)
 	}
 	return out
 }
 
-// live reads claim ci from the API server. A claim of the same name with
-// another UID is a different claim: ci is then NotFound.
-func (r *round) live(ci *claimInfo, base client.Object) (client.Object, error) {
-	obj, err := r.a.cfg.syncer.Get(r.ctx, base)
-	if err != nil {
-		return nil, err
+// staleMark takes in rd, a live read of pi (see staleMarks): w decides on
+// the pod's live mark.
+func (r *round) staleMark(w *write, pi *podInfo, rd *podGet) {
+	if rd.err != nil || rd.pod.UID != pi.uid() {
+		return
 	}
-	if obj.GetUID() != ci.uid() {
-		gr := obj.GetObjectKind().GroupVersionKind().GroupKind()
-		return nil, apierrors.NewNotFound(schema.GroupResource{Group: gr.Group, Resource: gr.Kind}, ci.name().Name)
+	if w.marks == nil {
+		w.marks = make(map[string]string)
 	}
-	return obj, nil
+	w.marks[pi.name()] = rd.pod.Annotations[r.a.cfg.markKey]
 }
 
 // definite reports whether err proves the write did not land.

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -175,7 +174,7 @@ func (r *round) takeName(ci *claimInfo, name string, read int) bool {
 	if pi == nil || !pi.present {
 		// Never seen, or gone: not reserved for anyone. The pod listing
 		// may lag the record, though: the pod is read live, and held if
-		// it exists marked for ci (findPods).
+		// it exists marked for ci (found).
 		if !verified && ci.listed {
 			r.findLater(ci, name)
 		}
@@ -415,20 +414,22 @@ func (r *round) verifyLater(pi *podInfo, ci *claimInfo) {
 	r.verify[pi] = append(r.verify[pi], ci)
 }
 
-// verifyPods reads live the pods whose records were newer than the pods as
-// known, and decides those records' entries again.
-func (r *round) verifyPods() {
-	if len(r.verify) == 0 {
-		return
-	}
+// verifyCalls returns the pods whose records were newer than the pods as
+// known, with the live reads of them, for verified.
+func (r *round) verifyCalls() (map[*podInfo][]*claimInfo, []*podInfo, []*podGet) {
 	verify := r.verify
 	r.verify = nil
 	pis := slices.SortedFunc(maps.Keys(verify), func(x, y *podInfo) int { return strings.Compare(x.name(), y.name()) })
-	names := make([]string, len(pis))
+	calls := make([]*podGet, len(pis))
 	for i, pi := range pis {
-		names[i] = pi.name()
+		calls[i] = &podGet{name: pi.name()}
 	}
-	reads := r.readPods(names)
+	return verify, pis, calls
+}
+
+// verified takes in the live reads of pods whose records were newer than
+// the pods as known, and decides those records' entries again.
+func (r *round) verified(verify map[*podInfo][]*claimInfo, pis []*podInfo, reads []*podGet) {
 	for i, pi := range pis {
 		rd := reads[i]
 		switch {
@@ -454,20 +455,15 @@ func (r *round) verifyPods() {
 	}
 }
 
-// livePod is a live read of one pod.
-type livePod struct {
-	pod corev1.Pod
-	err error
-}
-
 // readPods reads the named pods of the pool live, concurrently, in order.
-func (r *round) readPods(names []string) []livePod {
-	out := make([]livePod, len(names))
-	reader := r.a.cfg.podReader
-	r.parallel(len(names), func(i int) {
-		out[i].err = reader.Get(r.ctx, client.ObjectKey{Namespace: r.p.name.Namespace, Name: names[i]}, &out[i].pod)
-	})
-	return out
+func (r *round) readPods(names []string) []*podGet {
+	var e effects
+	e.podReads = make([]*podGet, len(names))
+	for i, name := range names {
+		e.podReads[i] = &podGet{name: name}
+	}
+	r.exec(&e)
+	return e.podReads
 }
 
 // findLater asks for the pod named name, which ci's record lists and the
@@ -479,21 +475,28 @@ func (r *round) findLater(ci *claimInfo, name string) {
 	r.find[name] = append(r.find[name], ci)
 }
 
-// findPods reads live the pods that records list and the listing lacks. A
-// pod that exists marked for one of those claims is held by it, as a pod
-// missing from the listing (lost): the pod listing may lag, or the pod may
-// be of the pool the claim left, which takes it back (queueOrphans). It is
-// not taken into the pool: only a listing says which pool a pod is of, so
-// it is never free here. Any other entry stays a stray, which the claim's
-// next write drops.
-func (r *round) findPods() {
-	if len(r.find) == 0 {
-		return
-	}
+// findCalls returns the names that records list and the listing lacks,
+// with the live reads of them, for found.
+func (r *round) findCalls() (map[string][]*claimInfo, []string, []*podGet) {
 	find := r.find
 	r.find = nil
 	names := slices.Sorted(maps.Keys(find))
-	for i, rd := range r.readPods(names) {
+	calls := make([]*podGet, len(names))
+	for i, name := range names {
+		calls[i] = &podGet{name: name}
+	}
+	return find, names, calls
+}
+
+// found takes in the live reads of the pods that records list and the
+// listing lacks. A pod that exists marked for one of those claims is held
+// by it, as a pod missing from the listing (lost): the pod listing may
+// lag, or the pod may be of the pool the claim left, which takes it back
+// (queueOrphans). It is not taken into the pool: only a listing says
+// which pool a pod is of, so it is never free here. Any other entry stays
+// a stray, which the claim's next write drops.
+func (r *round) found(find map[string][]*claimInfo, names []string, reads []*podGet) {
+	for i, rd := range reads {
 		name, pod := names[i], &rd.pod
 		if rd.err != nil {
 			if !apierrors.IsNotFound(rd.err) {
@@ -697,56 +700,62 @@ func (r *round) confirmLater(ci *claimInfo, name string) {
 	r.confirm[ci] = append(r.confirm[ci], name)
 }
 
+// confirmJob is a claim whose record lists unmarked pods, read live.
+type confirmJob struct {
+	ci    *claimInfo
+	names []string
+	read  *claimGet
+}
+
+// confirmCalls returns the claims whose records list unmarked pods, with
+// the live reads of them, for confirmed.
+func (r *round) confirmCalls() []*confirmJob {
+	var jobs []*confirmJob
+	for ci, names := range r.confirm {
+		jobs = append(jobs, &confirmJob{ci: ci, names: names, read: r.claimGet(ci, ci.object())})
+	}
+	r.confirm = nil
+	slices.SortFunc(jobs, func(x, y *confirmJob) int { return compareNames(x.ci, y.ci) })
+	return jobs
+}
+
 // confirmClaims reads live the claims whose records list unmarked pods,
 // and acts on the entries the live record still lists.
 func (r *round) confirmClaims() {
 	if len(r.confirm) == 0 {
 		return
 	}
-	type job struct {
-		ci    *claimInfo
-		names []string
-		held  []string
-		err   error
-	}
-	var jobs []*job
-	for ci, names := range r.confirm {
-		jobs = append(jobs, &job{ci: ci, names: names})
-	}
-	r.confirm = nil
-	slices.SortFunc(jobs, func(x, y *job) int { return compareNames(x.ci, y.ci) })
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		base := j.ci.object()
-		if base == nil {
-			base = r.p.protoFor(j.ci)
-		}
-		if base == nil {
-			j.err = errNoProto
-			return
-		}
-		live, err := r.live(j.ci, base)
-		if err != nil {
-			j.err = err
-			return
-		}
-		rec, err := r.a.cfg.syncer.Read(live)
-		if err != nil && !errors.Is(err, syncer.ErrMalformedRelease) {
-			j.err = err
-			return
-		}
-		j.held = rec.Held()
-	})
+	jobs := r.confirmCalls()
+	var e effects
 	for _, j := range jobs {
-		if j.err != nil {
-			if !apierrors.IsNotFound(j.err) {
-				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: %w", ErrRead, j.err)))
+		e.claimReads = append(e.claimReads, j.read)
+	}
+	r.exec(&e)
+	r.confirmed(jobs)
+}
+
+// confirmed takes in the live reads of claims whose records list unmarked
+// pods, and acts on the entries the live record still lists.
+func (r *round) confirmed(jobs []*confirmJob) {
+	for _, j := range jobs {
+		var held []string
+		err := j.read.err
+		if err == nil {
+			var rec syncer.Record
+			if rec, err = r.a.cfg.syncer.Read(j.read.obj); errors.Is(err, syncer.ErrMalformedRelease) {
+				err = nil
+			}
+			held = rec.Held()
+		}
+		if err != nil {
+			if !apierrors.IsNotFound(err) {
+				r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: %w", ErrRead, err)))
 			}
 			for _, name := range j.names {
 				pi := r.p.heldPod(j.ci, name)
 				switch {
 				case pi == nil || !pi.present || pi.mark != "":
-				case apierrors.IsNotFound(j.err):
+				case apierrors.IsNotFound(err):
 					// The claim is gone: its pod is recycled as if its
 					// record still listed it (whoever handed it out).
 					r.p.tomark[pi.name()] = j.ci.uid()
@@ -764,10 +773,10 @@ func (r *round) confirmClaims() {
 		var taken []string
 		for _, name := range j.names {
 			if pi := r.p.heldPod(j.ci, name); pi != nil && pi.present && pi.mark == "" {
-				r.lostMark(j.ci, pi, slices.Contains(j.held, name))
+				r.lostMark(j.ci, pi, slices.Contains(held, name))
 				continue
 			}
-			if slices.Contains(j.held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
+			if slices.Contains(held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
 				r.takeName(j.ci, name, podRead|claimRead) {
 				taken = append(taken, name)
 			}
@@ -785,9 +794,21 @@ func (r *round) resolvePods() {
 	if !r.marks() {
 		return
 	}
-	r.verifyPods()
-	r.findPods()
-	r.confirmClaims()
+	// One wave of reads: the pods known older than records that list them
+	// (verify), the pods records list and the listing lacks (find), the
+	// claims whose records list unmarked pods (confirm); then their
+	// outcomes are taken in, in that order.
+	verify, vpods, vreads := r.verifyCalls()
+	find, fnames, freads := r.findCalls()
+	confirm := r.confirmCalls()
+	e := effects{podReads: slices.Concat(vreads, freads)}
+	for _, j := range confirm {
+		e.claimReads = append(e.claimReads, j.read)
+	}
+	r.exec(&e)
+	r.verified(verify, vpods, vreads)
+	r.found(find, fnames, freads)
+	r.confirmed(confirm)
 	r.adoptIncarnations()
 	check := append(r.check, r.p.promoted...)
 	r.check, r.p.promoted = nil, nil
@@ -795,7 +816,8 @@ func (r *round) resolvePods() {
 		pi.mark = r.p.markString(pi.mark) // its claim may be in now
 		r.resolveMark(pi)
 	}
-	// resolveMark asks for claims to be read live too.
+	// Taking those in, and resolveMark, may ask for claims to be read
+	// live: a second wave.
 	r.confirmClaims()
 }
 

@@ -1,15 +1,12 @@
 package allocator
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/store"
 )
@@ -48,40 +45,36 @@ func (pi *podInfo) markUID(pool types.NamespacedName) types.UID {
 	return h.UID
 }
 
-// patchMark sets (value != "") or removes the mark of pod, guarded by rv.
-// It returns the pod's new resourceVersion and mark.
-// Removing the mark removes the recycling stamp too (see fenceRecycle).
-func (r *round) patchMark(pod, rv, value string) (string, string, error) {
+// markPatch is the patch that sets (value != "") or removes pod's mark,
+// guarded by rv. Removing the mark removes the recycling stamp too (see
+// fenceRecycle).
+func (r *round) markPatch(pod, rv, value string) *podPatch {
 	annotations := map[string]any{r.a.cfg.markKey: value}
 	if value == "" {
 		annotations = map[string]any{r.a.cfg.markKey: nil, r.a.cfg.stampKey: nil}
 	}
-	return r.patchPod(pod, rv, annotations)
+	return &podPatch{name: pod, rv: rv, annotations: annotations}
 }
 
-// patchPod sets (a string) or removes (nil) pod's annotations, guarded by
-// rv. It returns the pod's new resourceVersion and mark.
-func (r *round) patchPod(pod, rv string, annotations map[string]any) (string, string, error) {
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"resourceVersion": rv,
-		"annotations":     annotations,
-	}})
-	if err != nil {
-		return "", "", err
+// patchMarks makes the mark patches of jobs, concurrently, and sets each
+// job's outcome.
+func (r *round) patchMarks(jobs []*markJob) {
+	var e effects
+	e.patches = make([]*podPatch, len(jobs))
+	for i, j := range jobs {
+		e.patches[i] = r.markPatch(j.pi.name(), j.pi.rv, j.value)
 	}
-	p := &corev1.Pod{}
-	p.Namespace, p.Name = r.p.name.Namespace, pod
-	if err := r.a.cfg.client.Patch(r.ctx, p, client.RawPatch(types.MergePatchType, body)); err != nil {
-		return "", "", err
+	r.exec(&e)
+	for i, j := range jobs {
+		j.rv, j.mark, j.err = e.patches[i].newRV, e.patches[i].mark, e.patches[i].err
 	}
-	return p.ResourceVersion, p.Annotations[r.a.cfg.markKey], nil
 }
 
 type markJob struct {
 	w     *write // nil for a held pod marked after the fact
 	ci    *claimInfo
 	pi    *podInfo
-	value string
+	value string // the mark to write; "" removes it
 	rv    string
 	mark  string
 	err   error
@@ -109,10 +102,7 @@ func (r *round) markHeld() {
 		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: holder.key})
 	}
 	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, j.value)
-	})
+	r.patchMarks(jobs)
 	for _, j := range jobs {
 		pi := j.pi
 		delete(r.p.tomark, pi.name())
@@ -168,10 +158,7 @@ func (r *round) markPods(writes []*write) {
 			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods.Get(name), value: w.ci.key})
 		}
 	}
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, j.value)
-	})
+	r.patchMarks(jobs)
 	for _, j := range jobs {
 		pi := j.pi
 		if j.err == nil {
@@ -217,13 +204,10 @@ func (r *round) unmarkPods() {
 			again = append(again, pi)
 			continue
 		}
-		jobs = append(jobs, &markJob{pi: pi, value: pi.mark})
+		jobs = append(jobs, &markJob{pi: pi})
 	}
 	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		j.rv, j.mark, j.err = r.patchMark(j.pi.name(), j.pi.rv, "")
-	})
+	r.patchMarks(jobs) // value "": remove
 	for _, j := range jobs {
 		pi := j.pi
 		switch {

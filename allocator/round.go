@@ -8,8 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
+
 	"time"
 
 	"github.com/go-logr/logr"
@@ -1394,25 +1393,26 @@ func (r *round) readClaims(cis []*claimInfo) map[*claimInfo]liveClaim {
 	if len(cis) == 0 {
 		return nil
 	}
-	bases := make([]client.Object, len(cis))
+	var e effects
+	e.claimReads = make([]*claimGet, len(cis))
 	for i, ci := range cis {
-		if bases[i] = ci.object(); bases[i] == nil {
-			bases[i] = r.p.protoFor(ci)
-		}
+		e.claimReads[i] = r.claimGet(ci, ci.object())
 	}
-	out := make([]liveClaim, len(cis))
-	r.parallel(len(cis), func(i int) {
-		if bases[i] == nil {
-			out[i].err = errNoProto
-			return
-		}
-		out[i].obj, out[i].err = r.live(cis[i], bases[i])
-	})
+	r.exec(&e)
 	m := make(map[*claimInfo]liveClaim, len(cis))
 	for i, ci := range cis {
-		m[ci] = out[i]
+		m[ci] = liveClaim{e.claimReads[i].obj, e.claimReads[i].err}
 	}
 	return m
+}
+
+// claimGet is a live read of ci from base, its version known, or from an
+// empty object of the pool's claim type if base is nil.
+func (r *round) claimGet(ci *claimInfo, base client.Object) *claimGet {
+	if base == nil {
+		base = r.p.protoFor(ci)
+	}
+	return &claimGet{uid: ci.uid(), base: base}
 }
 
 // unreserve ends the reservation of pods for ci: they are held by it if
@@ -1939,36 +1939,36 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	}
 	slices.SortFunc(jobs, func(x, y job) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.findListed(jobs)
-	results := make([]error, len(jobs))
-	finished := make([]bool, len(jobs))
-	fences := make([]recycleFence, len(jobs))
-	r.parallel(len(jobs), func(i int) {
-		j := jobs[i]
-		rv := j.pi.rv
-		if r.marks() {
-			f := &fences[i]
-			if f.rv, f.err = r.fenceRecycle(j.pi); f.err != nil {
-				return
-			}
-			rv = f.rv
-		}
-		req := RecycleRequest{Pool: r.p.name, Pod: j.pi.name(), UID: j.pi.uid(), ResourceVersion: rv, Claim: j.ci.holder()}
-		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid() || o.UID == "") {
-			req.Object = o
-		}
-		finished[i], results[i] = safeRecycle(r.ctx, r.a.cfg.recycle, req)
-	})
+	// Decide every call, make them, then take the outcomes in.
+	var e effects
+	e.recycles = make([]*recycleCall, len(jobs))
 	for i, j := range jobs {
-		switch f := fences[i]; {
+		c := &recycleCall{req: RecycleRequest{Pool: r.p.name, Pod: j.pi.name(), UID: j.pi.uid(), ResourceVersion: j.pi.rv, Claim: j.ci.holder()}}
+		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid() || o.UID == "") {
+			c.req.Object = o
+		}
+		if r.marks() {
+			c.fence = r.fenceRecycle(j.pi)
+		}
+		e.recycles[i] = c
+	}
+	r.exec(&e)
+	for i, j := range jobs {
+		c := e.recycles[i]
+		f := c.fence
+		if f == nil {
+			f = &podPatch{} // no marks: no fence
+		}
+		switch {
 		case f.err == nil:
-			if f.rv != "" && f.rv != j.pi.rv {
+			if f.newRV != "" && f.newRV != j.pi.rv {
 				// The stamp made a new version; the mark is as it was.
 				j.pi.stalePodRV(j.pi.rv)
-				j.pi.rv, j.pi.markOwn = f.rv, false
+				j.pi.rv, j.pi.markOwn = f.newRV, false
 			}
 		case apierrors.IsNotFound(f.err):
 			// Gone: recycled without a call, as a pod the listing lacks.
-			finished[i] = true
+			c.done = true
 		case apierrors.IsConflict(f.err):
 			// The pod changed since the version known: its mark may name
 			// another claim now. Not recycled; the next listing shows it.
@@ -1978,11 +1978,11 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: prove its mark before recycling: %w", ErrRecycle, j.pi.name(), f.err)))
 			continue
 		}
-		if results[i] != nil {
-			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name(), results[i])))
+		if c.err != nil {
+			r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: pod %s: %w", ErrRecycle, j.pi.name(), c.err)))
 			continue
 		}
-		if finished[i] {
+		if c.done {
 			j.pi.recycled = true
 			if j.settle {
 				settled[j.ci] = append(settled[j.ci], j.pi.name())
@@ -1994,64 +1994,25 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 	return done, settled
 }
 
-// recycleFence is the outcome of fenceRecycle for one pod.
-type recycleFence struct {
-	rv  string
-	err error
-}
-
-// fenceRecycle proves, just before a recycler is called, that pi's mark
-// names the claim it is recycled for at the resourceVersion the allocator
-// knows, and stamps the recycle on the pod (docs/design.md, "Recycling is
-// fenced"): one patch guarded by that version, which writes the mark it
-// knows and the recycling stamp (the claim's UID and that version, so
-// that every recycle writes a new value). It fails with a conflict if the
-// pod changed since. The stamp makes a new version of the pod: a write of
-// the pod that another allocator decided on an older view (its own
-// unmark once it recycled the pod too, say) fails, and must look at the
-// pod again. While the pod is marked for the claim no allocator can hand
-// it out, and its mark goes only after its release is recorded, which
-// comes after the recycler. It returns the pod's new resourceVersion. It
-// runs in parallel with other pods' fences and reads only pi.
-func (r *round) fenceRecycle(pi *podInfo) (string, error) {
-	rv, _, err := r.patchPod(pi.name(), pi.rv, map[string]any{
+// fenceRecycle is the patch that proves, just before a recycler is
+// called, that pi's mark names the claim it is recycled for at the
+// resourceVersion the allocator knows, and stamps the recycle on the pod
+// (docs/design.md, "Recycling is fenced"): one patch guarded by that
+// version, which writes the mark it knows and the recycling stamp (the
+// claim's UID and that version, so that every recycle writes a new
+// value). It fails with a conflict if the pod changed since. The stamp
+// makes a new version of the pod: a write of the pod that another
+// allocator decided on an older view (its own unmark once it recycled the
+// pod too, say) fails, and must look at the pod again. While the pod is
+// marked for the claim no allocator can hand it out, and its mark goes
+// only after its release is recorded, which comes after the recycler. The
+// executor calls the recycler only once this patch succeeded, with the
+// pod's new resourceVersion.
+func (r *round) fenceRecycle(pi *podInfo) *podPatch {
+	return &podPatch{name: pi.name(), rv: pi.rv, annotations: map[string]any{
 		r.a.cfg.markKey:  pi.mark,
 		r.a.cfg.stampKey: string(pi.markUID(r.p.name)) + "@" + pi.rv,
-	})
-	return rv, err
-}
-
-// parallel runs f(0..n-1) with at most the configured number at once.
-func (r *round) parallel(n int, f func(i int)) {
-	if n == 0 {
-		return
-	}
-	limit := min(r.a.cfg.writers, n)
-	var wg sync.WaitGroup
-	var panicked atomic.Pointer[any]
-	next := make(chan int)
-	for range limit {
-		wg.Go(func() {
-			defer func() {
-				if v := recover(); v != nil {
-					panicked.CompareAndSwap(nil, &v)
-					for range next { // let the sender finish
-					}
-				}
-			}()
-			for i := range next {
-				f(i)
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if v := panicked.Load(); v != nil {
-		panic(*v) // in the round's goroutine: the pool fails closed (guard)
-	}
+	}}
 }
 
 // guard turns a panic in a round on pool p (a plugin's: the syncer, the
