@@ -61,6 +61,7 @@ func TestExecutorHoldsNoPoolState(t *testing.T) {
 	type leaky struct {
 		calls []*struct{ by map[string]*podInfo }
 	}
+	_ = leaky{}.calls
 	if paths := reachesPoolState(reflect.TypeFor[leaky]()); len(paths) != 1 {
 		t.Errorf("a *podInfo three levels down: found %v, want one path", paths)
 	}
