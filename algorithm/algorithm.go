@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -18,6 +19,9 @@ type Candidate struct {
 	Node string
 	// Zone is the pod's topology zone, empty if unknown.
 	Zone string
+	// Labels are the pod's labels, nil if unknown. They are read-only and
+	// may be shared between candidates.
+	Labels labels.Labels
 }
 
 // Request is one claim's demand on the pool in this round.
@@ -33,6 +37,10 @@ type Request struct {
 	// Held lists the pods the claim holds and keeps, excluding pods already
 	// on their way back to the pool.
 	Held []string
+	// HeldPods describes the pods of Held, in the same order, where a
+	// strategy needs to know where they run (a Topology other than
+	// TopologyAny); nil otherwise.
+	HeldPods []Candidate
 	// Release lists pods of Held that the claim's owner gives back. The
 	// allocator has checked that each one is in Held.
 	Release []string
@@ -56,6 +64,9 @@ type Request struct {
 	// is an input like the others, so a strategy's output stays a function
 	// of its input.
 	Arrival uint64
+	// Placement is where the claim's pods may run and how they are handed
+	// out: a selector, a topology layout, all or nothing.
+	Placement Placement
 }
 
 // Input is everything an algorithm may look at.
@@ -86,6 +97,10 @@ type Action struct {
 	// Shortfall is how many more pods the pool must create to satisfy every
 	// request: the sum over requests of the demand left unmet.
 	Shortfall int
+	// ShortfallByClass is Shortfall by the requests' Placement.Class: the
+	// demand left unmet of the requests of each class, for each class with
+	// some. Nil when Shortfall is 0.
+	ShortfallByClass map[string]int
 }
 
 // Algorithm chooses which free pods go to which claims.
@@ -112,7 +127,9 @@ var ErrInvalidInput = errors.New("invalid algorithm input")
 // Validate checks the consistency an Algorithm may rely on: candidate names
 // are non-empty and unique, request UIDs are non-empty and unique, Want is
 // not negative, a request's held pods are unique and not candidates, no pod
-// is held by two requests, and every Release entry is in Held.
+// is held by two requests, every Release entry is in Held, HeldPods is
+// empty or describes Held in order, and a Placement's topology mode is
+// known and its MaxSkew not negative.
 func Validate(in Input) error {
 	cands := make(map[string]struct{}, len(in.Candidates))
 	for _, c := range in.Candidates {
@@ -136,6 +153,9 @@ func Validate(in Input) error {
 		uids[r.UID] = struct{}{}
 		if r.Want < 0 {
 			return fmt.Errorf("%w: claim %s: negative want %d", ErrInvalidInput, r.Claim, r.Want)
+		}
+		if err := r.Placement.validate(&r); err != nil {
+			return err
 		}
 		held := make(map[string]struct{}, len(r.Held))
 		for _, p := range r.Held {

@@ -3,12 +3,14 @@ package algorithmtest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"runtime/debug"
 	"slices"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"pgregory.net/rapid"
 
@@ -98,11 +100,7 @@ func InputGen() *rapid.Generator[algorithm.Input] {
 			in.Candidates = make([]algorithm.Candidate, nCand)
 		}
 		for i := range in.Candidates {
-			in.Candidates[i] = algorithm.Candidate{
-				Name: names[i],
-				Node: rapid.SampledFrom([]string{"", "node-a", "node-b", "node-c"}).Draw(t, "node"),
-				Zone: rapid.SampledFrom([]string{"", "zone-1", "zone-2"}).Draw(t, "zone"),
-			}
+			in.Candidates[i] = genCandidate(t, names[i])
 		}
 		names = names[nCand:]
 		base := time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
@@ -130,10 +128,58 @@ func InputGen() *rapid.Generator[algorithm.Input] {
 					}
 				}
 			}
+			r.Placement = genPlacement(t)
+			if len(r.Held) > 0 && (r.Placement.Topology.Mode != algorithm.TopologyAny || rapid.Bool().Draw(t, "describe held")) {
+				for _, name := range r.Held {
+					r.HeldPods = append(r.HeldPods, genCandidate(t, name))
+				}
+			}
 			in.Requests[i] = r
 		}
 		return in
 	})
+}
+
+// genCandidate draws a candidate named name: on a few nodes, zones and
+// racks (a pod label), of two sizes (a pod label), some lacking a label.
+func genCandidate(t *rapid.T, name string) algorithm.Candidate {
+	c := algorithm.Candidate{
+		Name: name,
+		Node: rapid.SampledFrom([]string{"", "node-a", "node-b", "node-c"}).Draw(t, "node"),
+		Zone: rapid.SampledFrom([]string{"", "zone-1", "zone-2"}).Draw(t, "zone"),
+	}
+	l := labels.Set{}
+	if size := rapid.SampledFrom([]string{"", "small", "large"}).Draw(t, "size"); size != "" {
+		l["size"] = size
+	}
+	if rack := rapid.SampledFrom([]string{"", "rack-1", "rack-2", "rack-3"}).Draw(t, "rack"); rack != "" {
+		l["rack"] = rack
+	}
+	if len(l) > 0 || rapid.Bool().Draw(t, "empty labels") {
+		c.Labels = l
+	}
+	return c
+}
+
+// genPlacement draws a placement: often none, else a selector on size, a
+// class, a topology over node, zone or rack, and all or nothing.
+func genPlacement(t *rapid.T) algorithm.Placement {
+	var pl algorithm.Placement
+	if !rapid.Bool().Draw(t, "placed") {
+		return pl
+	}
+	if size := rapid.SampledFrom([]string{"", "small", "large"}).Draw(t, "selector"); size != "" {
+		pl.Selector = labels.SelectorFromSet(labels.Set{"size": size})
+		pl.Class = size
+	}
+	pl.Topology = algorithm.Topology{
+		Mode:    algorithm.TopologyMode(rapid.IntRange(0, 2).Draw(t, "topology")),
+		Key:     rapid.SampledFrom([]string{"", algorithm.NodeKey, algorithm.ZoneKey, "rack"}).Draw(t, "key"),
+		MaxSkew: rapid.IntRange(0, 2).Draw(t, "max skew"),
+		Relax:   rapid.Bool().Draw(t, "relax"),
+	}
+	pl.Gang = rapid.Bool().Draw(t, "gang")
+	return pl
 }
 
 // checkProperties plans a random valid input and checks every property.
@@ -277,11 +323,166 @@ func checkAction(in algorithm.Input, act algorithm.Action) error {
 	if want := totalNeed - total; act.Shortfall != want {
 		return fmt.Errorf("shortfall %d, want %d (total need %d, allocated %d)", act.Shortfall, want, totalNeed, total)
 	}
-	if act.Shortfall > 0 && total < len(in.Candidates) {
-		return fmt.Errorf("not work-conserving: Shortfall %d while %d of %d candidates stay free",
-			act.Shortfall, len(in.Candidates)-total, len(in.Candidates))
+	return checkPlacement(in, act, owner, allocated)
+}
+
+// checkPlacement returns an error describing the first placement property
+// act breaks: a pod outside its claim's selector, a gang served in part,
+// a spread beyond its skew, a claim left short while pods it may take
+// stay free (beyond what gangs before it hold back), a gang left waiting
+// while enough such pods were left for it, or a shortfall by class that
+// does not add up.
+func checkPlacement(in algorithm.Input, act algorithm.Action, owner map[string]types.UID, allocated map[types.UID]int) error {
+	cands := make(map[string]*algorithm.Candidate, len(in.Candidates))
+	for i := range in.Candidates {
+		cands[in.Candidates[i].Name] = &in.Candidates[i]
+	}
+	grants := make(map[types.UID][]string)
+	for _, g := range act.Allocate {
+		grants[g.UID] = g.Pods
+	}
+	released := make(map[types.UID][]string)
+	for _, g := range act.Release {
+		released[g.UID] = g.Pods
+	}
+	byClass := make(map[string]int)
+	order := make([]*algorithm.Request, len(in.Requests))
+	for i := range in.Requests {
+		order[i] = &in.Requests[i]
+	}
+	slices.SortStableFunc(order, func(a, b *algorithm.Request) int {
+		switch {
+		case algorithm.Less(a, b):
+			return -1
+		case algorithm.Less(b, a):
+			return 1
+		}
+		return 0
+	})
+	before := make(map[types.UID]bool) // requests earlier in the order than the one looked at
+	held := 0                          // what unserved gangs earlier in the order may hold back
+	for _, r := range order {
+		pl := &r.Placement
+		n := need(r)
+		got := grants[r.UID]
+		for _, p := range got {
+			if !pl.Matches(cands[p]) {
+				return fmt.Errorf("claim %s: allocated pod %q, which its selector %v does not match", r.Claim, p, pl.Selector)
+			}
+		}
+		if pl.Gang && len(got) != 0 && len(got) != n {
+			return fmt.Errorf("claim %s: a gang lacking %d pods got %d", r.Claim, n, len(got))
+		}
+		spreadWait := pl.Topology.Mode == algorithm.TopologySpread && !pl.Topology.Relax
+		if spreadWait {
+			if err := checkSkew(in, r, released[r.UID], got); err != nil {
+				return err
+			}
+		}
+		if left := n - len(got); left > 0 {
+			byClass[pl.Class] += left
+			if !spreadWait {
+				// A gang waits only if the pods it may take that were not
+				// given to claims before it, less what the gangs before it
+				// hold back, are too few. Any other claim is short only
+				// if the pods it may take that stay free are at most what
+				// those gangs hold back.
+				avail, free := 0, 0
+				for i := range in.Candidates {
+					c := &in.Candidates[i]
+					if !pl.Matches(c) {
+						continue
+					}
+					if owner[c.Name] == "" {
+						free++
+					}
+					if !before[owner[c.Name]] {
+						avail++
+					}
+				}
+				switch {
+				case pl.Gang && avail-held >= n:
+					return fmt.Errorf("claim %s: a gang lacking %d pods got none, though %d pods it may take were not given to claims before it, and the gangs before it hold back at most %d",
+						r.Claim, n, avail, held)
+				case !pl.Gang && free > held:
+					return fmt.Errorf("not work-conserving: claim %s lacks %d pods while %d it may take stay free, and the gangs before it hold back at most %d",
+						r.Claim, left, free, held)
+				}
+			}
+			if pl.Gang {
+				held += n
+			}
+		}
+		before[r.UID] = true
+	}
+	if act.Shortfall == 0 && act.ShortfallByClass != nil {
+		return fmt.Errorf("ShortfallByClass %v with no shortfall, want nil", act.ShortfallByClass)
+	}
+	if act.Shortfall > 0 && !maps.Equal(act.ShortfallByClass, byClass) {
+		return fmt.Errorf("ShortfallByClass %v, want %v", act.ShortfallByClass, byClass)
 	}
 	return nil
+}
+
+// checkSkew returns an error if r, a Spread request without Relax, ends
+// the plan with a skew above its MaxSkew and above the skew it started
+// with, or got a pod in no domain. The domains counted are those of its
+// kept pods and of every candidate its selector matches.
+func checkSkew(in algorithm.Input, r *algorithm.Request, released, got []string) error {
+	if len(r.HeldPods) != len(r.Held) {
+		return nil // not described: the start is unknown
+	}
+	t := r.Placement.Topology
+	key := t.Key
+	counts := make(map[string]int)
+	for _, c := range r.HeldPods {
+		if slices.Contains(released, c.Name) {
+			continue
+		}
+		if dom, ok := c.Domain(key); ok {
+			counts[dom] += 0
+			counts[dom]++
+		}
+	}
+	for i := range in.Candidates {
+		c := &in.Candidates[i]
+		if dom, ok := c.Domain(key); ok && r.Placement.Matches(c) {
+			counts[dom] += 0
+		}
+	}
+	skew := func() int {
+		lo, hi := -1, 0
+		for _, n := range counts {
+			if lo < 0 || n < lo {
+				lo = n
+			}
+			hi = max(hi, n)
+		}
+		return hi - max(lo, 0)
+	}
+	start := skew()
+	for _, p := range got {
+		c := candidateNamed(in, p)
+		dom, ok := c.Domain(key)
+		if !ok {
+			return fmt.Errorf("claim %s: spread over %q without Relax got pod %s, which is in no domain", r.Claim, key, p)
+		}
+		counts[dom]++
+	}
+	if end := skew(); end > max(start, max(1, t.MaxSkew)) {
+		return fmt.Errorf("claim %s: spread over %q ends with skew %d (counts %v), above its max skew %d and the %d it started with",
+			r.Claim, key, end, counts, max(1, t.MaxSkew), start)
+	}
+	return nil
+}
+
+func candidateNamed(in algorithm.Input, name string) *algorithm.Candidate {
+	for i := range in.Candidates {
+		if in.Candidates[i].Name == name {
+			return &in.Candidates[i]
+		}
+	}
+	return &algorithm.Candidate{Name: name}
 }
 
 // checkSafe returns an error if act, planned without error for the
@@ -445,6 +646,7 @@ func cloneInput(in algorithm.Input) algorithm.Input {
 	for i := range out.Requests {
 		out.Requests[i].Held = slices.Clone(in.Requests[i].Held)
 		out.Requests[i].Release = slices.Clone(in.Requests[i].Release)
+		out.Requests[i].HeldPods = slices.Clone(in.Requests[i].HeldPods)
 	}
 	return out
 }
