@@ -38,8 +38,8 @@ type Request struct {
 	// on their way back to the pool.
 	Held []string
 	// HeldPods describes the pods of Held, in the same order, where a
-	// strategy needs to know where they run (a Topology other than
-	// TopologyAny); nil otherwise.
+	// strategy needs to know where they run (TopologySpread or
+	// TopologyPack); nil otherwise.
 	HeldPods []Candidate
 	// Release lists pods of Held that the claim's owner gives back. The
 	// allocator has checked that each one is in Held.

@@ -35,8 +35,12 @@ type Placement struct {
 type TopologyMode uint8
 
 const (
+	// TopologyDefault is a mode left unset: the caller's default (package
+	// allocator uses the pool's, WithTopology). A strategy treats it as
+	// TopologyAny.
+	TopologyDefault TopologyMode = iota
 	// TopologyAny takes pods in the pool's order, wherever they run.
-	TopologyAny TopologyMode = iota
+	TopologyAny
 	// TopologySpread spreads the claim's pods evenly over the domains of
 	// Topology.Key: each pod goes to a domain holding the fewest of the
 	// claim's pods.
@@ -50,6 +54,8 @@ const (
 // String returns the mode's name.
 func (m TopologyMode) String() string {
 	switch m {
+	case TopologyDefault:
+		return "Default"
 	case TopologyAny:
 		return "Any"
 	case TopologySpread:
@@ -71,7 +77,8 @@ const (
 // Topology is a claim's layout over topology domains, after Kubernetes'
 // topology spread constraints.
 type Topology struct {
-	// Mode is the layout; TopologyAny ignores the other fields.
+	// Mode is the layout; TopologyDefault and TopologyAny ignore the
+	// other fields.
 	Mode TopologyMode
 	// Key names the domains: NodeKey (the default when empty), ZoneKey,
 	// or a pod label. A pod without it is in no domain: it is taken only
@@ -114,10 +121,10 @@ func (c *Candidate) Domain(key string) (string, bool) {
 			return c.Zone, true
 		}
 	}
-	if c.Labels == nil || !c.Labels.Has(key) {
+	if c.Labels == nil {
 		return "", false
 	}
-	return c.Labels.Get(key), true
+	return c.Labels.Lookup(key)
 }
 
 // Matches reports whether the placement's Selector matches the

@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,6 +43,17 @@ type Claim struct {
 	Want int
 	// Priority orders claims when the pool is short: higher first.
 	Priority int32
+	// Placement is where the claim's pods may run and how they are handed
+	// to it (docs/design.md §6, "Placement"): a label selector on the
+	// pool's pods, the class its unmet demand is reported under
+	// (Result.ShortfallByClass), a topology layout (TopologyDefault takes
+	// the pool's, WithTopology), and all or nothing (Gang). It is read
+	// like Want: in every round that lists the claim, not from an object
+	// older than the newest version known. The claim never gets a pod its
+	// selector does not match; a pod it holds that stops matching (the
+	// selector or the pod's labels changed) is given back and recycled,
+	// as if its owner released it.
+	Placement algorithm.Placement
 }
 
 // Input is what a round works on: a pool, its pods and its claims, as the
@@ -133,6 +147,12 @@ type Result struct {
 	// Shortfall is how many more pods the pool must create to meet the
 	// demand of its live claims.
 	Shortfall int
+	// ShortfallByClass is Shortfall by the claims' Placement.Class: for
+	// each class with unmet demand, how many pods of that class to create
+	// (claims without a class under ""). Nil when Shortfall is 0. Starting
+	// is not split by class: a caller that creates pods per class counts
+	// its own pods of each class that are not Ready yet.
+	ShortfallByClass map[string]int
 
 	// reported is set once the round filled the fields that describe the
 	// pool (WithMetrics sets its gauges from them only then).
@@ -525,7 +545,7 @@ type pool struct {
 	// back (allocated lazily).
 	tombs map[string]podTomb
 	// places are the pods' podPlaces.
-	places map[podPlace]*podPlace
+	places map[string]*podPlace
 	// storeErr is the first error the store returned on a read since the
 	// last round reported it. The round's concurrent writes read the store
 	// too: storeMu guards it.
@@ -897,29 +917,71 @@ func (pi *podInfo) setUID(uid types.UID) {
 }
 
 // podPlace is where a pod runs.
-type podPlace struct{ node, zone string }
+type podPlace struct {
+	node, zone string
+	labels     podLabels
+}
+
+// podLabels are a pod's labels as the algorithm sees them
+// (algorithm.Candidate.Labels): read-only, shared by the pods of a
+// podPlace.
+type podLabels map[string]string
+
+// Has implements labels.Labels.
+func (l podLabels) Has(key string) bool { _, ok := l[key]; return ok }
+
+// Get implements labels.Labels.
+func (l podLabels) Get(key string) string { return l[key] }
+
+// Lookup implements labels.Labels.
+func (l podLabels) Lookup(key string) (string, bool) { v, ok := l[key]; return v, ok }
 
 // maxPlaces bounds pool.places.
 const maxPlaces = 1 << 14
 
-// placeOf returns the podPlace of node and zone that the pool's pods
-// share.
-func (p *pool) placeOf(node, zone string) *podPlace {
-	k := podPlace{node: node, zone: zone}
+// placeOf returns the podPlace of node and labels that the pool's pods
+// share: pods of one template on one node share one.
+func (p *pool) placeOf(node string, labels map[string]string) *podPlace {
+	var b strings.Builder
+	b.WriteString(node)
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		b.WriteByte(0)
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(labels[k])
+	}
+	k := b.String()
 	if pl := p.places[k]; pl != nil {
 		return pl
 	}
 	if p.places == nil || len(p.places) >= maxPlaces {
-		p.places = make(map[podPlace]*podPlace)
+		p.places = make(map[string]*podPlace)
 	}
-	p.places[k] = &k
-	return &k
+	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}
+	p.places[k] = pl
+	return pl
+}
+
+// samePlace reports whether pi's place is node and labels.
+func (pi *podInfo) samePlace(node string, labels map[string]string) bool {
+	return pi.place != nil && pi.place.node == node && maps.Equal(pi.place.labels, podLabels(labels))
+}
+
+// labels returns pi's labels, for a selector.
+func (pi *podInfo) labels() labels.Labels {
+	if pi.place == nil || pi.place.labels == nil {
+		return labels.Set(nil)
+	}
+	return pi.place.labels
 }
 
 func (pi *podInfo) candidateOf() algorithm.Candidate {
 	c := algorithm.Candidate{Name: pi.name()}
 	if pi.place != nil {
 		c.Node, c.Zone = pi.place.node, pi.place.zone
+		if pi.place.labels != nil {
+			c.Labels = pi.place.labels
+		}
 	}
 	return c
 }
@@ -1008,10 +1070,53 @@ type claimMore struct {
 	gone bool
 	// recycling counts the held pods being recycled.
 	recycling int32
+	// placement is the claim's Placement, nil if it has none.
+	placement *claimPlacement
 	// waitSince is when the claim began to want more than it holds, with
 	// WithMetrics (poolalloc_time_to_serve_seconds); zero while it holds
 	// all it wants.
 	waitSince time.Time
+}
+
+// claimPlacement is a claim's Placement as last read, with its selector
+// as a string, to tell a change.
+type claimPlacement struct {
+	algorithm.Placement
+	selector string
+}
+
+// placement returns c's Placement, the zero one if it has none.
+func (c *claimInfo) placement() algorithm.Placement {
+	if c.more == nil || c.more.placement == nil {
+		return algorithm.Placement{}
+	}
+	return c.more.placement.Placement
+}
+
+// setPlacement takes pl as c's Placement and reports whether it changed.
+func (c *claimInfo) setPlacement(pl algorithm.Placement) bool {
+	var sel string
+	if pl.Selector != nil && !pl.Selector.Empty() {
+		sel = pl.Selector.String()
+	} else {
+		pl.Selector = nil
+	}
+	var old *claimPlacement
+	if c.more != nil {
+		old = c.more.placement
+	}
+	if pl.Selector == nil && pl.Class == "" && pl.Topology == (algorithm.Topology{}) && !pl.Gang {
+		if old == nil {
+			return false
+		}
+		c.more.placement = nil
+		return true
+	}
+	if old != nil && old.selector == sel && old.Class == pl.Class && old.Topology == pl.Topology && old.Gang == pl.Gang {
+		return false
+	}
+	c.edit().placement = &claimPlacement{Placement: pl, selector: sel}
+	return true
 }
 
 func (c *claimInfo) waitSince() time.Time {

@@ -785,6 +785,7 @@ func (r *round) apply(w *write) {
 			p.endActive(p.pods.Get(name))
 		}
 		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
+		r.addShortfall(ci, -len(w.adopt))
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
 				r.storeFail(ci, err)

@@ -153,9 +153,16 @@ func (r *round) markPods(writes []*write) {
 		return
 	}
 	var jobs []*markJob
+	var gangs map[*write]int // gang writes, with how many pods they add
 	for _, w := range writes {
 		for _, name := range w.add {
 			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods.Get(name), value: w.ci.key})
+		}
+		if len(w.add) > 0 && w.ci.placement().Gang {
+			if gangs == nil {
+				gangs = make(map[*write]int)
+			}
+			gangs[w] = len(w.add)
 		}
 	}
 	r.patchMarks(jobs)
@@ -176,6 +183,14 @@ func (r *round) markPods(writes []*write) {
 		}
 		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name() })
 		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
+	}
+	for w, n := range gangs {
+		if len(w.add) < n {
+			// All or nothing: a gang gets none of its pods unless every
+			// mark was written. The marks written are removed once apply
+			// finds them in no record (w.marked).
+			w.add = nil
+		}
 	}
 }
 

@@ -146,6 +146,8 @@ type config struct {
 	algorithm   algorithm.Algorithm
 	ready       func(*corev1.Pod) bool
 	recycle     Recycler
+	// topology is the pools' default layout (WithTopology).
+	topology algorithm.Topology
 	clock       clock.PassiveClock
 	writers     int
 	quarantine  time.Duration
@@ -230,6 +232,13 @@ func WithAlgorithm(a algorithm.Algorithm) Option {
 // handed out. A pod being deleted is never ready, whatever the rule says.
 func WithReadiness(ready func(*corev1.Pod) bool) Option {
 	return optionFunc(func(c *config) { c.ready = ready })
+}
+
+// WithTopology sets the pool's topology layout: the one of claims whose
+// Placement.Topology.Mode is algorithm.TopologyDefault. The default is
+// TopologyAny: pods in the pool's order, wherever they run.
+func WithTopology(t algorithm.Topology) Option {
+	return optionFunc(func(c *config) { c.topology = t })
 }
 
 // WithRecycler sets what happens to pods given back; the default is
@@ -432,6 +441,8 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
 	case cfg.writers < 1:
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
+	case checkTopology(cfg.topology) != nil:
+		return nil, fmt.Errorf("%w: WithTopology: %w", ErrInvalidOption, checkTopology(cfg.topology))
 	case cfg.quarantine <= 0:
 		return nil, fmt.Errorf("%w: quarantine %s, want more than 0", ErrInvalidOption, cfg.quarantine)
 	}

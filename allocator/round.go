@@ -54,6 +54,8 @@ type round struct {
 	strayIdx map[string][]*claimInfo
 	// shortfall adds demand the algorithm did not see (moving claims).
 	shortfall int
+	// byClass is the round's shortfall by claim class (addShortfall).
+	byClass map[string]int
 	// listIdle asks report for the names of idle pods (Round), not only
 	// their number (Update).
 	listIdle bool
@@ -360,6 +362,9 @@ func (r *round) run() (Result, error) {
 	done, settled := r.recycle()
 	r.commit(act.Allocate, done, settled)
 	r.res.Shortfall = act.Shortfall + r.shortfall
+	if r.res.Shortfall > 0 {
+		r.res.ShortfallByClass = r.byClass
+	}
 	r.settle()
 	r.report()
 	if err := r.p.takeStoreErr(); err != nil {
@@ -502,6 +507,20 @@ func checkClaim(pool types.NamespacedName, i int, c Claim) error {
 		return fmt.Errorf("%w: pool %s: claim %s has no UID (was it read from the API server?)", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object))
 	case c.Want < 0 || c.Want > math.MaxInt32:
 		return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), c.Want)
+	}
+	if err := checkTopology(c.Placement.Topology); err != nil {
+		return fmt.Errorf("%w: pool %s: claim %s: %w", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), err)
+	}
+	return nil
+}
+
+// checkTopology checks a claim's or the pool's topology.
+func checkTopology(t algorithm.Topology) error {
+	switch {
+	case t.Mode > algorithm.TopologyPack:
+		return fmt.Errorf("unknown topology mode %d", t.Mode)
+	case t.MaxSkew < 0:
+		return fmt.Errorf("negative topology max skew %d", t.MaxSkew)
 	}
 	return nil
 }
@@ -824,13 +843,24 @@ func (r *round) observePod(pod *corev1.Pod) {
 	pi.ready = pod.DeletionTimestamp == nil && r.a.cfg.ready(pod)
 	pi.wasReady = pi.wasReady || pi.ready
 	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	node, zone := pod.Spec.NodeName, pod.Labels[ZoneLabel]
-	if pi.place == nil || pi.place.node != node || pi.place.zone != zone {
-		pi.place = p.placeOf(node, zone)
+	if !pi.samePlace(pod.Spec.NodeName, pod.Labels) {
+		if pi.place != nil && pi.present {
+			r.relabelled(pi)
+		}
+		pi.place = p.placeOf(pod.Spec.NodeName, pod.Labels)
 	}
 	p.refresh(pi)
 	if pi.recycling() || pi.settling() != nil {
 		r.noteListed(pi, pod)
+	}
+}
+
+// relabelled marks dirty the claim holding pi, whose node or labels
+// changed: the pod may no longer match the claim's selector (plan gives it
+// back), or the claim's layout changed.
+func (r *round) relabelled(pi *podInfo) {
+	if ci := r.p.holderOf(pi); ci != nil && ci != unknownHolder {
+		r.p.dirty[ci] = struct{}{}
 	}
 }
 
@@ -1071,6 +1101,7 @@ func (r *round) newClaimInfo(c Claim) *claimInfo {
 		terminating: o.GetDeletionTimestamp() != nil,
 	}
 	ci.setIdent(r.p, o.GetName(), o.GetUID())
+	ci.setPlacement(c.Placement)
 	if r.a.cfg.metrics != nil && c.Want > 0 && !ci.terminating {
 		// Waiting since its creation, until plan finds it holds all it
 		// wants (a claim recovered with its pods, say).
@@ -1177,6 +1208,7 @@ func (r *round) observeClaim(c Claim) error {
 		ci.addRV(rv)
 		ci.setRelease(rec.Release)
 		ci.want, ci.priority = int32(c.Want), c.Priority
+		ci.setPlacement(c.Placement)
 		ci.created = unixNanos(o.GetCreationTimestamp().Time)
 		if o.GetDeletionTimestamp() != nil {
 			ci.terminating = true
@@ -1191,15 +1223,19 @@ func (r *round) observeClaim(c Claim) error {
 	case !ci.listed:
 		p.dirty[ci] = struct{}{}
 	}
-	if rv == ci.rv && (int64(c.Want) != int64(ci.want) || c.Priority != ci.priority) {
-		// Want and Priority are the caller's, inputs of every round: they
-		// may come from anywhere, not only from the object, so they are
-		// taken also from an object whose record is not decoded again. Not
-		// from an object older than the version known, though (a lagging
-		// listing, docs/design.md I7): what the caller made of it is older too,
-		// and would hand out or take back pods on a stale word.
-		ci.want, ci.priority = int32(c.Want), c.Priority
-		p.dirty[ci] = struct{}{}
+	if rv == ci.rv {
+		// Want, Priority and Placement are the caller's, inputs of every
+		// round: they may come from anywhere, not only from the object,
+		// so they are taken also from an object whose record is not
+		// decoded again. Not from an object older than the version known,
+		// though (a lagging listing, docs/design.md I7): what the caller
+		// made of it is older too, and would hand out or take back pods on
+		// a stale word.
+		changed := ci.setPlacement(c.Placement)
+		if changed || int64(c.Want) != int64(ci.want) || c.Priority != ci.priority {
+			ci.want, ci.priority = int32(c.Want), c.Priority
+			p.dirty[ci] = struct{}{}
+		}
 	}
 	p.seeClaim(ci)
 	ci.listed = true
@@ -1546,13 +1582,16 @@ func (r *round) plan() (algorithm.Action, error) {
 		reserved := min(max(0, want-keep), r.reservedFor(ci)+r.pendingStrays(ci))
 		want -= reserved
 		r.shortfall += reserved
+		r.addShortfall(ci, reserved)
+		pl := r.placementOf(ci)
 		var held []*podInfo // fetched from the store when needed
-		if n > 0 && (replace || keep > want) {
+		if n > 0 && (replace || keep > want || pl.Selector != nil) {
 			held = p.held(ci)
 		}
 		if n == 0 {
 			if _, moving := r.a.heldElsewhere(ci.uid(), p.name); moving {
 				r.shortfall += want
+				r.addShortfall(ci, want)
 				continue
 			}
 		}
@@ -1584,6 +1623,14 @@ func (r *round) plan() (algorithm.Action, error) {
 				release = append(release, pi.name())
 			}
 		}
+		// A pod its selector does not match (the selector or the pod's
+		// labels changed, or a record lists it) is given back like one
+		// its owner released: the claim never keeps one.
+		for _, pi := range held {
+			if pl.Selector != nil && !pi.recycling() && !(replace && r.gone(pi)) && !slices.Contains(release, pi.name()) && !pl.Selector.Matches(pi.labels()) {
+				release = append(release, pi.name())
+			}
+		}
 		if r.a.cfg.openSandbox {
 			// Pods given back count against the lifetime bound too.
 			want = max(0, want-len(release))
@@ -1594,7 +1641,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		if held == nil && n > 0 {
 			held = p.held(ci)
 		}
-		req := algorithm.Request{UID: ci.uid(), Claim: ci.name(), Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival)}
+		req := algorithm.Request{UID: ci.uid(), Claim: ci.name(), Want: want, Priority: ci.priority, Created: ci.createdAt(), Arrival: uint64(ci.arrival), Placement: pl}
 		for _, pi := range held {
 			name := pi.name()
 			if pi.recycling() {
@@ -1609,15 +1656,23 @@ func (r *round) plan() (algorithm.Action, error) {
 			}
 		}
 		slices.Sort(req.Held)
+		if m := pl.Topology.Mode; m == algorithm.TopologySpread || m == algorithm.TopologyPack {
+			req.HeldPods = make([]algorithm.Candidate, len(req.Held))
+			for i, name := range req.Held {
+				req.HeldPods[i] = p.heldPod(ci, name).candidateOf()
+			}
+		}
 		req.Release = release
 		req.Avoid = slices.Clone(ci.released())
 		reqs = append(reqs, req)
 	}
-	requested := make(map[types.UID]*claimInfo, len(reqs))
-	for _, req := range reqs {
-		requested[req.UID] = p.claims.Get(string(req.UID))
-	}
 	slices.SortFunc(reqs, func(x, y algorithm.Request) int { return cmp.Compare(x.UID, y.UID) })
+	requested := make(map[types.UID]*claimInfo, len(reqs))
+	byUID := make(map[types.UID]*algorithm.Request, len(reqs))
+	for i := range reqs {
+		requested[reqs[i].UID] = p.claims.Get(string(reqs[i].UID))
+		byUID[reqs[i].UID] = &reqs[i]
+	}
 	// The algorithm gets a copy of the free list: a strategy that sorts or
 	// edits its input in place must not reorder the pool's own list, and
 	// its action is checked against the pool's state, not against positions
@@ -1633,14 +1688,51 @@ func (r *round) plan() (algorithm.Action, error) {
 	if r.a.cfg.openSandbox {
 		act.Allocate = keepHistoryOut(reqs, requested, act)
 	}
-	if err := r.checkAction(requested, act); err != nil {
+	if err := r.checkAction(requested, byUID, act); err != nil {
 		if serr := p.takeStoreErr(); serr != nil {
 			// Not the strategy's fault: the store could not say.
 			return algorithm.Action{}, serr
 		}
 		return algorithm.Action{}, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)
 	}
+	// The demand left unmet, by class, from the requests and the grants:
+	// a strategy of the caller's may not fill ShortfallByClass.
+	granted := make(map[types.UID]int, len(act.Allocate))
+	for _, g := range act.Allocate {
+		granted[g.UID] = len(g.Pods)
+	}
+	for i := range reqs {
+		req := &reqs[i]
+		if left := max(0, req.Want-(len(req.Held)-len(req.Release))) - granted[req.UID]; left > 0 {
+			r.addShortfall(requested[req.UID], left)
+		}
+	}
 	return act, nil
+}
+
+// placementOf returns ci's placement, the pool's topology where ci leaves
+// it to the pool.
+func (r *round) placementOf(ci *claimInfo) algorithm.Placement {
+	pl := ci.placement()
+	if pl.Topology.Mode == algorithm.TopologyDefault {
+		pl.Topology = r.a.cfg.topology
+	}
+	return pl
+}
+
+// addShortfall adds n pods to the demand ci leaves unmet, under its class
+// (Result.ShortfallByClass; the total is act.Shortfall + r.shortfall).
+func (r *round) addShortfall(ci *claimInfo, n int) {
+	if n == 0 {
+		return
+	}
+	if r.byClass == nil {
+		r.byClass = make(map[string]int)
+	}
+	class := ci.placement().Class
+	if r.byClass[class] += n; r.byClass[class] <= 0 {
+		delete(r.byClass, class)
+	}
 }
 
 // safePlan runs the strategy, which is a plugin: a panic in it is an error
@@ -1794,16 +1886,23 @@ func (r *round) gone(pi *podInfo) bool { return !pi.present && !r.alive[pi] }
 // pod its claim does not hold. Every pod is checked against the pool's
 // state, not against what the strategy was given (which it may have
 // modified).
-func (r *round) checkAction(requested map[types.UID]*claimInfo, act algorithm.Action) error {
+func (r *round) checkAction(requested map[types.UID]*claimInfo, reqs map[types.UID]*algorithm.Request, act algorithm.Action) error {
 	taken := make(map[string]struct{})
 	for _, g := range act.Allocate {
 		if requested[g.UID] == nil {
 			return fmt.Errorf("allocation to claim %s (uid %s) that was not requested", g.Claim, g.UID)
 		}
+		req := reqs[g.UID]
+		if need := req.Want - (len(req.Held) - len(req.Release)); req.Placement.Gang && len(g.Pods) != need {
+			return fmt.Errorf("claim %s: gang lacking %d pods given %d: all or nothing", g.Claim, need, len(g.Pods))
+		}
 		for _, pod := range g.Pods {
 			pi := r.p.pods.Get(pod)
 			if pi == nil || !r.p.candidate(pi) {
 				return fmt.Errorf("claim %s: pod %s is not a candidate", g.Claim, pod)
+			}
+			if sel := req.Placement.Selector; sel != nil && !sel.Matches(pi.labels()) {
+				return fmt.Errorf("claim %s: pod %s does not match its selector %s", g.Claim, pod, sel)
 			}
 			// The store is the index of holdings: it must agree.
 			if h, held, err := r.a.cfg.store.HolderOf(r.p.name, pod); err != nil || held {

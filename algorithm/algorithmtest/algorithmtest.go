@@ -129,7 +129,7 @@ func InputGen() *rapid.Generator[algorithm.Input] {
 				}
 			}
 			r.Placement = genPlacement(t)
-			if len(r.Held) > 0 && (r.Placement.Topology.Mode != algorithm.TopologyAny || rapid.Bool().Draw(t, "describe held")) {
+			if len(r.Held) > 0 && (r.Placement.Topology.Mode > algorithm.TopologyAny || rapid.Bool().Draw(t, "describe held")) {
 				for _, name := range r.Held {
 					r.HeldPods = append(r.HeldPods, genCandidate(t, name))
 				}
@@ -173,7 +173,7 @@ func genPlacement(t *rapid.T) algorithm.Placement {
 		pl.Class = size
 	}
 	pl.Topology = algorithm.Topology{
-		Mode:    algorithm.TopologyMode(rapid.IntRange(0, 2).Draw(t, "topology")),
+		Mode:    algorithm.TopologyMode(rapid.IntRange(0, 3).Draw(t, "topology")),
 		Key:     rapid.SampledFrom([]string{"", algorithm.NodeKey, algorithm.ZoneKey, "rack"}).Draw(t, "key"),
 		MaxSkew: rapid.IntRange(0, 2).Draw(t, "max skew"),
 		Relax:   rapid.Bool().Draw(t, "relax"),

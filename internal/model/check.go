@@ -264,6 +264,23 @@ func CheckShortfall(in allocator.Input, res allocator.Result, snap map[string]st
 	if want := UnmetDemand(in, res, snap); res.Shortfall != want {
 		return fmt.Errorf("I3: pool %s: shortfall %d, unmet demand of live claims %d", in.Pool, res.Shortfall, want)
 	}
+	// And by class: the unmet demand of the claims of each class.
+	recycling := toSet(res.Recycling)
+	var byClass map[string]int
+	for _, c := range in.Claims {
+		if c.Object.GetDeletionTimestamp() != nil {
+			continue
+		}
+		if n := unreleased(snap, c.Object.GetUID(), recycling); n < c.Want {
+			if byClass == nil {
+				byClass = make(map[string]int)
+			}
+			byClass[c.Placement.Class] += c.Want - n
+		}
+	}
+	if !maps.Equal(res.ShortfallByClass, byClass) {
+		return fmt.Errorf("I3: pool %s: shortfall by class %v, unmet demand of live claims by class %v", in.Pool, res.ShortfallByClass, byClass)
+	}
 	return nil
 }
 
