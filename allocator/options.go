@@ -142,12 +142,12 @@ type config struct {
 	apiReader   client.Reader
 	// podReader reads pods live (pod marks): the API reader, else the
 	// client.
-	podReader   client.Reader
-	algorithm   algorithm.Algorithm
-	ready       func(*corev1.Pod) bool
-	recycle     Recycler
+	podReader client.Reader
+	algorithm algorithm.Algorithm
+	ready     func(*corev1.Pod) bool
+	recycle   Recycler
 	// topology is the pools' default layout (WithTopology).
-	topology algorithm.Topology
+	topology    algorithm.Topology
 	clock       clock.PassiveClock
 	writers     int
 	quarantine  time.Duration
