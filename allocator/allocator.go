@@ -1200,7 +1200,8 @@ func (c *claimInfo) edit() *claimMore {
 
 func (c *claimInfo) tidy() {
 	if m := c.more; m != nil && len(m.release) == 0 && len(m.released) == 0 && len(m.consumed) == 0 &&
-		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone && m.recycling == 0 && m.waitSince.IsZero() {
+		m.untrusted == nil && len(m.strays) == 0 && m.since.IsZero() && len(m.oldRVs) == 0 && !m.gone && m.recycling == 0 && m.waitSince.IsZero() &&
+		m.placement == nil {
 		c.more = nil
 	}
 }

@@ -45,6 +45,23 @@ type ClaimSpec struct {
 	Replicas int32 `json:"replicas,omitempty"`
 	// Priority orders claims; higher goes first.
 	Priority int32 `json:"priority,omitempty"`
+	// Selector is the labels a pod must have for the claim (matchLabels).
+	Selector map[string]string `json:"selector,omitempty"`
+	// Class names the kind of pod the claim needs, for the shortfall.
+	Class string `json:"class,omitempty"`
+	// Topology is the claim's layout over topology domains.
+	Topology *ClaimTopology `json:"topology,omitempty"`
+	// Gang makes the claim all or nothing.
+	Gang bool `json:"gang,omitempty"`
+}
+
+// ClaimTopology is a claim's layout: Mode is "Spread", "Pack", "Any" or
+// empty (the pool's).
+type ClaimTopology struct {
+	Mode    string `json:"mode,omitempty"`
+	Key     string `json:"key,omitempty"`
+	MaxSkew int32  `json:"maxSkew,omitempty"`
+	Relax   bool   `json:"relax,omitempty"`
 }
 
 // ClaimList is a list of Claims.
@@ -61,6 +78,16 @@ func (c *Claim) DeepCopyInto(out *Claim) {
 	out.TypeMeta = c.TypeMeta
 	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
 	out.Spec = c.Spec
+	if c.Spec.Selector != nil {
+		out.Spec.Selector = make(map[string]string, len(c.Spec.Selector))
+		for k, v := range c.Spec.Selector {
+			out.Spec.Selector[k] = v
+		}
+	}
+	if c.Spec.Topology != nil {
+		t := *c.Spec.Topology
+		out.Spec.Topology = &t
+	}
 	if c.Status != nil {
 		out.Status = deepCopyValue(c.Status).(map[string]any)
 	}
@@ -188,6 +215,17 @@ func CRDs() []*apiextensionsv1.CustomResourceDefinition {
 			"poolRef":  {Type: "string"},
 			"replicas": nonNegative,
 			"priority": integer,
+			"selector": {Type: "object", AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{
+				Allows: true, Schema: &apiextensionsv1.JSONSchemaProps{Type: "string"},
+			}},
+			"class": {Type: "string"},
+			"topology": {Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{
+				"mode":    {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`""`)}, {Raw: []byte(`"Any"`)}, {Raw: []byte(`"Spread"`)}, {Raw: []byte(`"Pack"`)}}},
+				"key":     {Type: "string"},
+				"maxSkew": nonNegative,
+				"relax":   {Type: "boolean"},
+			}},
+			"gang": {Type: "boolean"},
 		}, ".spec.poolRef"),
 	}
 }

@@ -3,6 +3,7 @@ package testenv_test
 import (
 	"bytes"
 	"os"
+	"reflect"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func TestMergePatchAddsAnnotationAndFinalizer(t *testing.T) {
 	if got.Annotations["test.poolalloc.io/note"] != `{"pods":["a"]}` || !controllerutil.ContainsFinalizer(&got, finalizer) {
 		t.Fatalf("after patch: annotations %v, finalizers %v", got.Annotations, got.Finalizers)
 	}
-	if got.Spec != orig.Spec {
+	if !reflect.DeepEqual(got.Spec, orig.Spec) {
 		t.Fatalf("patch changed spec: %+v, want %+v", got.Spec, orig.Spec)
 	}
 }
@@ -265,7 +266,7 @@ func TestClaimRoundTrip(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(uc), &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.Spec != (testenv.ClaimSpec{PoolRef: "pool", Replicas: 2}) || back.UID != uc.GetUID() {
+	if !reflect.DeepEqual(back.Spec, testenv.ClaimSpec{PoolRef: "pool", Replicas: 2}) || back.UID != uc.GetUID() {
 		t.Fatalf("unstructured claim read as typed: %+v", back)
 	}
 
