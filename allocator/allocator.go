@@ -113,9 +113,12 @@ type Result struct {
 	Recycling []string
 	// Lost lists held pods that are missing or not ready.
 	Lost []LostPod
-	// Idle lists the ready pods no claim holds, in no particular order.
-	// Round fills it; Update leaves it nil, as listing them costs the
-	// pool's size.
+	// Idle lists the ready pods no claim holds, in no particular order,
+	// but for a pool that packs (WithTopology with TopologyPack): then the
+	// pods on the nodes with the fewest pods in use come first, so that a
+	// caller scaling the pool down deletes idle pods from the front and
+	// empties nodes. Round fills it; Update leaves it nil, as listing them
+	// costs the pool's size.
 	Idle []string
 	// IdleCount is the number of idle pods.
 	IdleCount int

@@ -12,12 +12,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/syncer"
@@ -38,6 +40,8 @@ type benchPool struct {
 	next int // claims created so far
 	free int // pods still free
 	per  int
+	// place places claim k (from 0), nil for none (newBenchPoolPlaced).
+	place func(k int) algorithm.Placement
 }
 
 func readyPod(ns, name string) corev1.Pod {
@@ -65,6 +69,31 @@ var benchOpts = []allocator.Option{allocator.WithPodMarks(false), allocator.With
 // newBenchPoolHeld is newBenchPool with held pods held.
 func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Option) *benchPool {
 	b.Helper()
+	return newBenchPoolPlaced(b, pods, per, held, nil, opts...)
+}
+
+// benchClasses is the number of pod classes of a placed bench pool.
+const benchClasses = 10
+
+// spreadPlacement places a bench claim of class k: pods labelled class k,
+// spread over three zones.
+func spreadPlacement(k int) algorithm.Placement {
+	return algorithm.Placement{
+		Selector: labels.SelectorFromSet(labels.Set{"class": strconv.Itoa(k)}),
+		Class:    strconv.Itoa(k),
+		Topology: algorithm.Topology{Mode: algorithm.TopologySpread, Key: algorithm.ZoneKey},
+	}
+}
+
+// gangPlacement places a bench claim as a gang.
+func gangPlacement(int) algorithm.Placement { return algorithm.Placement{Gang: true} }
+
+// newBenchPoolPlaced is newBenchPoolHeld whose claims are placed by place
+// (by claim number, from 0), if not nil: then pod i is labelled class
+// (i/per) mod benchClasses, so that each claim holds pods of its class,
+// and is in zone i mod 3.
+func newBenchPoolPlaced(b *testing.B, pods, per, held int, place func(k int) algorithm.Placement, opts ...allocator.Option) *benchPool {
+	b.Helper()
 	scheme, err := testenv.NewScheme()
 	if err != nil {
 		b.Fatal(err)
@@ -72,8 +101,13 @@ func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Optio
 	const ns = "bench"
 	bp := &benchPool{pool: types.NamespacedName{Namespace: ns, Name: "p"}, per: per}
 	bp.in.Pool = bp.pool
+	bp.place = place
 	for i := range pods {
-		bp.in.Pods = append(bp.in.Pods, readyPod(ns, "p-"+strconv.Itoa(i)))
+		pod := readyPod(ns, "p-"+strconv.Itoa(i))
+		if place != nil {
+			pod.Labels = map[string]string{"class": strconv.Itoa(i / per % benchClasses), allocator.ZoneLabel: "zone-" + strconv.Itoa(i%3)}
+		}
+		bp.in.Pods = append(bp.in.Pods, pod)
 	}
 	objs := make([]client.Object, 0, held/per)
 	keys := syncer.DefaultKeys()
@@ -102,7 +136,7 @@ func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Optio
 		if err := bp.c.Get(context.Background(), client.ObjectKeyFromObject(o), cl); err != nil {
 			b.Fatal(err)
 		}
-		bp.in.Claims = append(bp.in.Claims, allocator.Claim{Object: cl, Want: per})
+		bp.in.Claims = append(bp.in.Claims, bp.claim(cl))
 	}
 	bp.free = pods - len(objs)*per
 	bp.a, err = allocator.New(bp.c, append(slices.Clone(benchOpts), opts...)...)
@@ -131,7 +165,16 @@ func (bp *benchPool) addClaim(b *testing.B) allocator.Claim {
 	if err := bp.c.Create(context.Background(), cl); err != nil {
 		b.Fatal(err)
 	}
-	return allocator.Claim{Object: cl, Want: bp.per}
+	return bp.claim(cl)
+}
+
+// claim is cl as round input, placed if the pool places its claims.
+func (bp *benchPool) claim(cl *testenv.Claim) allocator.Claim {
+	c := allocator.Claim{Object: cl, Want: bp.per}
+	if bp.place != nil {
+		c.Placement = bp.place(bp.next - 1)
+	}
+	return c
 }
 
 func benchSizes(b *testing.B, f func(b *testing.B, pods int)) {
@@ -243,12 +286,17 @@ func BenchmarkRoundShuffledListing(b *testing.B) {
 // change (Update): the state of an operator that follows the pool through
 // informer events.
 func roundBench(b *testing.B, pods, per int, opts ...allocator.Option) {
+	placedRoundBench(b, pods, per, nil, opts...)
+}
+
+// placedRoundBench is roundBench with claims placed by place.
+func placedRoundBench(b *testing.B, pods, per int, place func(k int) algorithm.Placement, opts ...allocator.Option) {
 	var bp *benchPool
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		if bp == nil || bp.free < bp.per {
-			bp = newBenchPool(b, pods, per, opts...)
+			bp = newBenchPoolPlaced(b, pods, per, pods*8/10, place, opts...)
 		}
 		cl := bp.addClaim(b)
 		bp.free -= bp.per
@@ -265,6 +313,37 @@ func roundBench(b *testing.B, pods, per int, opts ...allocator.Option) {
 // single-pod claim.
 func BenchmarkRound(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) { roundBench(b, pods, 1) })
+}
+
+// BenchmarkRoundPlaced is BenchmarkRound with placement: the pods are of
+// 10 classes (a label) in 3 zones, and every claim selects one class and
+// spreads over the zones.
+func BenchmarkRoundPlaced(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) { placedRoundBench(b, pods, 1, spreadPlacement) })
+}
+
+// BenchmarkGangFill fills the last 20% of a 10,000-pod pool with gang
+// claims of 8 pods, one claim per Update, and reports claims served per
+// second.
+func BenchmarkGangFill(b *testing.B) {
+	const pods, per = 10000, 8
+	b.ReportAllocs()
+	claims := 0
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		bp := newBenchPoolPlaced(b, pods, per, pods*8/10, gangPlacement)
+		b.StartTimer()
+		for bp.free >= per {
+			cl := bp.addClaim(b)
+			res, err := bp.a.Update(context.Background(), allocator.Changes{Pool: bp.pool, Claims: []allocator.Claim{cl}})
+			if err != nil || len(res.Allocated) != 1 || len(res.Allocated[0].Pods) != per {
+				b.Fatalf("round: %v, grants %v", err, res.Allocated)
+			}
+			bp.free -= per
+			claims++
+		}
+	}
+	b.ReportMetric(float64(claims)/b.Elapsed().Seconds(), "claims/s")
 }
 
 // BenchmarkRoundChecked is BenchmarkRound with WithInvariantChecks: the

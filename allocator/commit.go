@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
@@ -811,6 +812,35 @@ func (r *round) apply(w *write) {
 
 // report fills the parts of the result that describe the pool. It visits
 // the free list and the recycling and lost sets, not the whole pool.
+// scaleDownOrder orders idle, the names of the pool's free pods, for a
+// pool that packs (WithTopology): pods on the nodes with the fewest pods
+// in use first (by node name among equals, then by pod name), so that a
+// caller that deletes idle pods from the front empties nodes.
+func (r *round) scaleDownOrder(idle []string) {
+	busy := make(map[string]int)
+	for pi := range r.p.pods.All() {
+		if pi.present && pi.state != stateFree && pi.place != nil {
+			busy[pi.place.node]++
+		}
+	}
+	node := func(name string) string {
+		if pi := r.p.pods.Get(name); pi != nil && pi.place != nil {
+			return pi.place.node
+		}
+		return ""
+	}
+	slices.SortFunc(idle, func(x, y string) int {
+		nx, ny := node(x), node(y)
+		if c := cmp.Compare(busy[nx], busy[ny]); c != 0 {
+			return c
+		}
+		if c := strings.Compare(nx, ny); c != 0 {
+			return c
+		}
+		return strings.Compare(x, y)
+	})
+}
+
 func (r *round) report() {
 	res, p := r.res, r.p
 	res.IdleCount, res.Idle, res.Starting, res.Held, res.reported = len(p.free), nil, p.nStarting, p.nHeldPods, true
@@ -818,6 +848,9 @@ func (r *round) report() {
 		res.Idle = make([]string, len(p.free))
 		for i, c := range p.free {
 			res.Idle[i] = c.Name
+		}
+		if r.a.cfg.topology.Mode == algorithm.TopologyPack {
+			r.scaleDownOrder(res.Idle)
 		}
 	}
 	res.Recycling, res.Lost = nil, nil

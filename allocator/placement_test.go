@@ -328,3 +328,21 @@ func TestPlacementInvalidTopologyIsRefused(t *testing.T) {
 	_, err = allocator.New(c, allocator.WithTopology(algorithm.Topology{Mode: 7}))
 	require.ErrorIs(t, err, allocator.ErrInvalidOption)
 }
+
+// TestPlacementPackScaleDown: in a pool that packs, a claim fills the
+// fewest nodes, and Result.Idle lists first the idle pods on the nodes
+// with the fewest pods in use, so that deleting from the front empties
+// nodes.
+func TestPlacementPackScaleDown(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool, _ := poolIn(t, c, ns, 6) // p-i on node-(i mod 3)
+		a, err := allocator.New(c, allocator.WithTopology(algorithm.Topology{Mode: algorithm.TopologyPack}))
+		require.NoError(t, err)
+		placedClaim(t, c, ns, "c", 3, testenv.ClaimSpec{})
+		res, err := world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.ElementsMatch(t, []string{"p-0", "p-3", "p-1"}, recordIn(t, c, ns, "c").Held(), "node-0 whole, then node-1")
+		require.Equal(t, []string{"p-2", "p-5", "p-4"}, res.Idle, "node-2 is unused, node-1 has one pod in use")
+	})
+}
