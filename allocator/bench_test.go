@@ -75,12 +75,13 @@ func newBenchPoolHeld(b *testing.B, pods, per, held int, opts ...allocator.Optio
 // benchClasses is the number of pod classes of a placed bench pool.
 const benchClasses = 10
 
-// spreadPlacement places a bench claim of class k: pods labelled class k,
+// spreadPlacement places bench claim k: pods of class k mod benchClasses,
 // spread over three zones.
 func spreadPlacement(k int) algorithm.Placement {
+	class := strconv.Itoa(k % benchClasses)
 	return algorithm.Placement{
-		Selector: labels.SelectorFromSet(labels.Set{"class": strconv.Itoa(k)}),
-		Class:    strconv.Itoa(k),
+		Selector: labels.SelectorFromSet(labels.Set{"class": class}),
+		Class:    class,
 		Topology: algorithm.Topology{Mode: algorithm.TopologySpread, Key: algorithm.ZoneKey},
 	}
 }
@@ -136,7 +137,7 @@ func newBenchPoolPlaced(b *testing.B, pods, per, held int, place func(k int) alg
 		if err := bp.c.Get(context.Background(), client.ObjectKeyFromObject(o), cl); err != nil {
 			b.Fatal(err)
 		}
-		bp.in.Claims = append(bp.in.Claims, bp.claim(cl))
+		bp.in.Claims = append(bp.in.Claims, bp.claim(cl, len(bp.in.Claims)))
 	}
 	bp.free = pods - len(objs)*per
 	bp.a, err = allocator.New(bp.c, append(slices.Clone(benchOpts), opts...)...)
@@ -165,14 +166,15 @@ func (bp *benchPool) addClaim(b *testing.B) allocator.Claim {
 	if err := bp.c.Create(context.Background(), cl); err != nil {
 		b.Fatal(err)
 	}
-	return bp.claim(cl)
+	return bp.claim(cl, bp.next-1)
 }
 
-// claim is cl as round input, placed if the pool places its claims.
-func (bp *benchPool) claim(cl *testenv.Claim) allocator.Claim {
+// claim is cl, claim k (from 0), as round input, placed if the pool
+// places its claims.
+func (bp *benchPool) claim(cl *testenv.Claim, k int) allocator.Claim {
 	c := allocator.Claim{Object: cl, Want: bp.per}
 	if bp.place != nil {
-		c.Placement = bp.place(bp.next - 1)
+		c.Placement = bp.place(k)
 	}
 	return c
 }
