@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/syncer"
 )
@@ -211,13 +212,58 @@ func (d *demo) steps(ctx context.Context) error {
 		return err
 	}
 
-	d.say("pool %s scales down to 2: the idle pod beyond what alpha and beta hold is deleted", demoPool)
+	d.say("delta wants 3 pods of class large, all at once (a gang): the operator makes 3 large pods, and delta gets them in one hand-out")
+	delta := testenv.NewClaim(d.ns, "delta", demoPool, 3)
+	delta.Spec.Class, delta.Spec.Gang = "large", true
+	if err := d.c.Create(ctx, delta); err != nil {
+		return fmt.Errorf("create claim %s/delta: %w", d.ns, err)
+	}
+	if err := d.served(ctx); err != nil {
+		return err
+	}
+
+	d.say("epsilon wants 3 pods spread over zones, at most one more in a zone than in any other")
+	epsilon := testenv.NewClaim(d.ns, "epsilon", demoPool, 3)
+	epsilon.Spec.Topology = &testenv.ClaimTopology{Mode: "Spread", Key: allocator.ZoneLabel, MaxSkew: 1}
+	if err := d.c.Create(ctx, epsilon); err != nil {
+		return fmt.Errorf("create claim %s/epsilon: %w", d.ns, err)
+	}
+	if err := d.served(ctx); err != nil {
+		return err
+	}
+	if err := d.zones(ctx, "epsilon"); err != nil {
+		return err
+	}
+
+	d.say("pool %s scales down to 2: the idle pods beyond what the claims hold are deleted", demoPool)
 	pool := testenv.NewPool(d.ns, demoPool, 0)
 	patch := []byte(`{"spec":{"replicas":2}}`)
 	if err := d.c.Patch(ctx, pool, client.RawPatch("application/merge-patch+json", patch)); err != nil {
 		return fmt.Errorf("scale pool %s/%s: %w", d.ns, demoPool, err)
 	}
 	return d.served(ctx)
+}
+
+// zones prints the zones of the pods claim holds.
+func (d *demo) zones(ctx context.Context, claim string) error {
+	v, err := d.view(ctx)
+	if err != nil {
+		return err
+	}
+	zone := map[string]string{}
+	for _, p := range v.pods {
+		zone[p.Name] = p.Labels[allocator.ZoneLabel]
+	}
+	for _, c := range v.claims {
+		if c.name == claim {
+			var zs []string
+			for _, p := range c.held {
+				zs = append(zs, p+" in "+zone[p])
+			}
+			d.say("%s holds %s", claim, strings.Join(zs, ", "))
+		}
+	}
+	return nil
 }
 
 // edit changes a claim with a merge patch (the allocator's annotations and

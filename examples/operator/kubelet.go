@@ -9,8 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 )
 
@@ -35,6 +37,7 @@ type FakeKubelet struct {
 	StartDelay time.Duration
 
 	finished atomic.Int64 // deletions finished, see Finished
+	started  atomic.Int64 // pods made Ready, for their zones
 }
 
 // Finished returns how many pod deletions the fake kubelet had to finish.
@@ -91,10 +94,33 @@ func (k *FakeKubelet) pass(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("fake kubelet: finish deleting pod %s/%s: %w", pod.Namespace, pod.Name, err))
 			}
 		case !testenv.IsPodReady(pod) && time.Since(pod.CreationTimestamp.Time) >= k.StartDelay:
+			if err := k.placeInZone(ctx, pod); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 			if err := testenv.SetPodReady(ctx, k.Client, pod, true); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// demoZones are the zones the fake kubelet puts pods in, in turn.
+var demoZones = []string{"zone-a", "zone-b", "zone-c"}
+
+// placeInZone labels a pod that has no zone label with the next of
+// demoZones, as if it were scheduled there (the allocator reads a pod's
+// zone from allocator.ZoneLabel; a real cluster's admission or the
+// operator's pod template sets it).
+func (k *FakeKubelet) placeInZone(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Labels[allocator.ZoneLabel] != "" {
+		return nil
+	}
+	zone := demoZones[(k.started.Add(1)-1)%int64(len(demoZones))]
+	patch := []byte(`{"metadata":{"labels":{"` + allocator.ZoneLabel + `":"` + zone + `"}}}`)
+	if err := k.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("fake kubelet: zone of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
 }

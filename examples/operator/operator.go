@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/allocator/sharding"
 	"github.com/poolalloc/poolalloc/internal/testenv"
@@ -44,11 +46,16 @@ import (
 // unstructured) keeps at least spec.replicas pods and grows to serve its
 // claims; a Claim (claims.test.poolalloc.io, typed) names its pool in
 // spec.poolRef and wants spec.replicas pods, spec.priority breaking ties
-// when the pool is short. A pool's pods are the pods of its namespace
-// labelled PoolLabel=<pool name>. Fork: replace these with your own types.
+// when the pool is short. A claim may also place its pods (spec.selector,
+// spec.class, spec.topology, spec.gang; see claimPlacement). A pool's pods
+// are the pods of its namespace labelled PoolLabel=<pool name>; a pod made
+// for a class is labelled ClassLabel=<class>. Fork: replace these with your
+// own types.
 const (
 	// PoolLabel names a pod's pool.
 	PoolLabel = testenv.PoolLabel
+	// ClassLabel names the class (the pod template) a pod was made for.
+	ClassLabel = "poolalloc.io/class"
 	// ManagedByLabel marks the pods this operator created.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedBy is ManagedByLabel's value.
@@ -392,7 +399,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		if gone {
 			want = 0 // a pool's deletion takes its pods back
 		}
-		in.Claims = append(in.Claims, allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority})
+		in.Claims = append(in.Claims, allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority, Placement: claimPlacement(c.Spec)})
 	}
 	res, roundErr := r.alloc.Round(ctx, in) // res is valid even when roundErr is not
 	r.warn(pool, res.Warnings)
@@ -424,15 +431,32 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	return ctrl.Result{RequeueAfter: r.opts.Resync}, nil
 }
 
+// claimPlacement is a claim's placement: its selector, topology and gang
+// as written, and its class, which also selects the pods made for it
+// (ClassLabel=<class>), so that the pods this operator creates for a
+// class's shortfall (size) are the ones that serve it.
+func claimPlacement(spec testenv.ClaimSpec) algorithm.Placement {
+	pl := spec.Placement()
+	if spec.Class != "" {
+		sel := labels.Set{ClassLabel: spec.Class}
+		for k, v := range spec.Selector {
+			sel[k] = v
+		}
+		pl.Selector = labels.SelectorFromSet(sel)
+	}
+	return pl
+}
+
 // hasAllocationFinalizer reports whether the allocator's finalizer is on
 // the claim: it may hold pods.
 func hasAllocationFinalizer(c testenv.Claim) bool {
 	return controllerutil.ContainsFinalizer(&c, syncer.DefaultKeys().Finalizer)
 }
 
-// size creates the pods the pool lacks: enough for the claims' shortfall
-// (less the pods still starting, as the allocator counts them) and at least
-// spec.replicas pods in all. With trim, it deletes idle pods beyond both.
+// size creates the pods the pool lacks: for each class, enough for its
+// claims' shortfall less that class's pods still starting, and at least
+// spec.replicas pods in all (of no class). With trim, it deletes idle pods
+// beyond both.
 func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructured, pods []corev1.Pod, res allocator.Result, trim bool) error {
 	poolName := client.ObjectKeyFromObject(pool)
 	replicas, _, err := unstructured.NestedInt64(pool.Object, "spec", "replicas")
@@ -440,24 +464,48 @@ func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructur
 		return fmt.Errorf("pool %s: spec.replicas: %w", poolName, err)
 	}
 	live := 0
+	starting := map[string]int{} // live pods not Ready yet and unmarked, by class
 	for i := range pods {
-		if podLive(&pods[i]) {
-			live++
+		p := &pods[i]
+		if !podLive(p) {
+			continue
+		}
+		live++
+		if _, marked := p.Annotations[allocator.DefaultPodMarkKey]; !marked && !allocator.PodReady(p) && p.Labels[ClassLabel] != "" {
+			starting[p.Labels[ClassLabel]]++
 		}
 	}
-	create := max(res.Shortfall-res.Starting, int(replicas)-live, 0)
-	for range create {
-		pod, err := r.newPod(pool)
-		if err != nil {
-			return err
+	// The allocator's Starting is exact but not by class: the pods of no
+	// class are what is left of it once the classes' are taken out.
+	starting[""] = res.Starting
+	for class, n := range starting {
+		if class != "" {
+			starting[""] -= n
 		}
-		if err := r.client.Create(ctx, pod); err != nil {
-			return fmt.Errorf("pool %s: create pod: %w", poolName, err)
-		}
-		r.expected.add(poolName, pod.Name, true, time.Now())
-		logr.FromContextOrDiscard(ctx).V(1).Info("created pod", "pod", pod.Name, "shortfall", res.Shortfall, "starting", res.Starting, "replicas", replicas, "live", live)
 	}
-	if excess := live - int(replicas); trim && create == 0 && res.Shortfall == 0 && excess > 0 {
+	create, total := map[string]int{}, 0
+	for class, n := range res.ShortfallByClass {
+		if c := n - max(0, starting[class]); c > 0 {
+			create[class], total = c, total+c
+		}
+	}
+	if low := int(replicas) - live - total; low > 0 {
+		create[""], total = create[""]+low, total+low
+	}
+	for _, class := range slices.Sorted(maps.Keys(create)) {
+		for range create[class] {
+			pod, err := r.newPod(pool, class)
+			if err != nil {
+				return err
+			}
+			if err := r.client.Create(ctx, pod); err != nil {
+				return fmt.Errorf("pool %s: create pod: %w", poolName, err)
+			}
+			r.expected.add(poolName, pod.Name, true, time.Now())
+			logr.FromContextOrDiscard(ctx).V(1).Info("created pod", "pod", pod.Name, "class", class, "shortfall", res.Shortfall, "starting", res.Starting, "replicas", replicas, "live", live)
+		}
+	}
+	if excess := live - int(replicas); trim && total == 0 && res.Shortfall == 0 && excess > 0 {
 		return r.deleteIdle(ctx, poolName, pods, res.Idle, excess)
 	}
 	return nil
@@ -506,10 +554,11 @@ func (r *poolReconciler) deleteIdle(ctx context.Context, poolName types.Namespac
 	return errors.Join(errs...)
 }
 
-// newPod is the pool's pod template: one pause container, the pool label
-// and the pool as controlling owner (the garbage collector deletes a
-// deleted pool's pods). Fork: put your sandbox here.
-func (r *poolReconciler) newPod(pool *unstructured.Unstructured) (*corev1.Pod, error) {
+// newPod is the pool's pod template: one pause container, the pool label,
+// the class label if class is not empty, and the pool as controlling owner
+// (the garbage collector deletes a deleted pool's pods). Fork: put your
+// sandbox here, a template per class.
+func (r *poolReconciler) newPod(pool *unstructured.Unstructured, class string) (*corev1.Pod, error) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:    pool.GetNamespace(),
@@ -519,6 +568,9 @@ func (r *poolReconciler) newPod(pool *unstructured.Unstructured) (*corev1.Pod, e
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{Name: "sandbox", Image: r.opts.PodImage}},
 		},
+	}
+	if class != "" {
+		pod.Labels[ClassLabel] = class
 	}
 	if err := controllerutil.SetControllerReference(pool, pod, r.scheme); err != nil {
 		return nil, fmt.Errorf("pool %s/%s: pod owner reference: %w", pool.GetNamespace(), pool.GetName(), err)

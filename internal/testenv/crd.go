@@ -4,8 +4,11 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/poolalloc/poolalloc/algorithm"
 )
 
 // Group and version of the test CRDs.
@@ -53,6 +56,27 @@ type ClaimSpec struct {
 	Topology *ClaimTopology `json:"topology,omitempty"`
 	// Gang makes the claim all or nothing.
 	Gang bool `json:"gang,omitempty"`
+}
+
+// Placement is the allocator's placement of the spec: Selector as
+// matchLabels, Topology.Mode by name ("" is the pool's).
+func (spec ClaimSpec) Placement() algorithm.Placement {
+	pl := algorithm.Placement{Class: spec.Class, Gang: spec.Gang}
+	if len(spec.Selector) > 0 {
+		pl.Selector = labels.SelectorFromSet(spec.Selector)
+	}
+	if t := spec.Topology; t != nil {
+		pl.Topology = algorithm.Topology{Key: t.Key, MaxSkew: int(t.MaxSkew), Relax: t.Relax}
+		switch t.Mode {
+		case "Any":
+			pl.Topology.Mode = algorithm.TopologyAny
+		case "Spread":
+			pl.Topology.Mode = algorithm.TopologySpread
+		case "Pack":
+			pl.Topology.Mode = algorithm.TopologyPack
+		}
+	}
+	return pl
 }
 
 // ClaimTopology is a claim's layout: Mode is "Spread", "Pack", "Any" or

@@ -10,34 +10,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 )
-
-// Placement is the allocator's placement of a test claim's spec.
-func Placement(spec testenv.ClaimSpec) algorithm.Placement {
-	pl := algorithm.Placement{Class: spec.Class, Gang: spec.Gang}
-	if len(spec.Selector) > 0 {
-		pl.Selector = labels.SelectorFromSet(spec.Selector)
-	}
-	if t := spec.Topology; t != nil {
-		pl.Topology = algorithm.Topology{Key: t.Key, MaxSkew: int(t.MaxSkew), Relax: t.Relax}
-		switch t.Mode {
-		case "Any":
-			pl.Topology.Mode = algorithm.TopologyAny
-		case "Spread":
-			pl.Topology.Mode = algorithm.TopologySpread
-		case "Pack":
-			pl.Topology.Mode = algorithm.TopologyPack
-		}
-	}
-	return pl
-}
 
 // Input lists pool's pods (by testenv.PoolLabel) and the test claims whose
 // spec.poolRef names it, as typed testenv.Claim objects.
@@ -57,7 +35,7 @@ func Input(ctx context.Context, c client.Reader, pool types.NamespacedName) (all
 		if cl.Spec.PoolRef != pool.Name {
 			continue
 		}
-		in.Claims = append(in.Claims, allocator.Claim{Object: cl, Want: int(cl.Spec.Replicas), Priority: cl.Spec.Priority, Placement: Placement(cl.Spec)})
+		in.Claims = append(in.Claims, allocator.Claim{Object: cl, Want: int(cl.Spec.Replicas), Priority: cl.Spec.Priority, Placement: cl.Spec.Placement()})
 	}
 	return in, nil
 }
