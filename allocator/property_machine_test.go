@@ -41,6 +41,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -216,6 +217,9 @@ type machine struct {
 	printedRV map[types.UID]string
 	claims    []types.UID // in creation order
 	kinds     map[types.UID]bool
+	// place is each claim's placement as created (issue 23): checked
+	// after every step (checkPlacement) and round (checkHandOuts).
+	place map[types.UID]testenv.ClaimSpec
 }
 
 var claimGK = schema.GroupKind{Group: testenv.Group, Kind: "Claim"}
@@ -240,6 +244,7 @@ func newMachine(t *rapid.T, b *backend, stats *propertyStats, id int) *machine {
 		podSeq:    make(map[types.NamespacedName]int),
 		printedRV: make(map[types.UID]string),
 		kinds:     make(map[types.UID]bool),
+		place:     make(map[types.UID]testenv.ClaimSpec),
 	}
 	m.pools = []types.NamespacedName{
 		{Namespace: ns[0], Name: "p1"}, {Namespace: ns[0], Name: "p2"}, {Namespace: ns[1], Name: "p1"},
@@ -450,7 +455,7 @@ func (m *machine) addPod(pool types.NamespacedName, ready bool) {
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: pool.Namespace,
 			Name:      pool.Name + "-" + strconv.Itoa(i),
-			Labels:    map[string]string{testenv.PoolLabel: pool.Name},
+			Labels:    map[string]string{testenv.PoolLabel: pool.Name, "size": podSize(i)},
 		},
 		Spec: corev1.PodSpec{
 			NodeName:   "node-" + strconv.Itoa(i%3),
@@ -619,6 +624,7 @@ func (m *machine) afterRound(in allocator.Input, res allocator.Result, err error
 		// have such reservations, the shortfall is not compared.
 		if _, reserved := m.unsettled[in.Pool]; !faulty && !reserved && !errors.Is(err, allocator.ErrWrite) {
 			errs = append(errs, model.CheckShortfall(in, res, post))
+			errs = append(errs, m.checkHandOuts(in, res, pre, post))
 		}
 	}
 	// I7: a claim listed older than a version the allocator already
@@ -672,6 +678,7 @@ func (m *machine) check(t *rapid.T) {
 	}
 	errs := []error{
 		allocator.CheckInvariants(m.a),
+		m.checkSelectors(recs),
 		model.CheckExclusive(stores, m.m),
 		model.CheckIsolated(stores, m.m),
 		model.CheckFinalizers(m.m),
@@ -790,14 +797,24 @@ func (m *machine) createClaim(t *rapid.T) {
 	if m.b.fakeUIDs {
 		uid = types.UID(fmt.Sprintf("uid-%d", m.ids))
 	}
+	place := drawPlacement(t)
 	var obj client.Object
 	if typed {
 		cl := testenv.NewClaim(pool.Namespace, name, pool.Name, int32(want))
 		cl.Spec.Priority = int32(prio)
+		cl.Spec.Selector, cl.Spec.Class, cl.Spec.Topology, cl.Spec.Gang = place.Selector, place.Class, place.Topology, place.Gang
 		obj = cl
 	} else {
 		u := testenv.NewUnstructuredClaim(pool.Namespace, name, pool.Name, int64(want))
-		u.Object["spec"].(map[string]any)["priority"] = int64(prio)
+		spec := u.Object["spec"].(map[string]any)
+		spec["priority"] = int64(prio)
+		extra, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&place)
+		m.must(err, "placement as unstructured")
+		for k, v := range extra {
+			if k != "poolRef" && k != "replicas" {
+				spec[k] = v
+			}
+		}
 		obj = u
 	}
 	obj.SetUID(uid)
@@ -808,7 +825,8 @@ func (m *machine) createClaim(t *rapid.T) {
 	uid = obj.GetUID()
 	m.m.AddClaim(uid, client.ObjectKeyFromObject(obj), pool, want)
 	m.claims = append(m.claims, uid)
-	t.Logf("create claim %s/%s uid %s pool %s want %d typed %t keep %t", pool.Namespace, name, uid, pool.Name, want, typed, keep)
+	m.place[uid] = place
+	t.Logf("create claim %s/%s uid %s pool %s want %d typed %t keep %t placement %s", pool.Namespace, name, uid, pool.Name, want, typed, keep, placementString(place))
 }
 
 func (m *machine) scaleClaim(t *rapid.T) {

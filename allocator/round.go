@@ -1579,11 +1579,21 @@ func (r *round) plan() (algorithm.Action, error) {
 		// record carries them (see commit). They never make it give up a
 		// pod it holds: the hand-out may never land.
 		// They are not held yet, so they still count in the shortfall.
-		reserved := min(max(0, want-keep), r.reservedFor(ci)+r.pendingStrays(ci))
+		pending := r.reservedFor(ci) + r.pendingStrays(ci)
+		reserved := min(max(0, want-keep), pending)
 		want -= reserved
 		r.shortfall += reserved
 		r.addShortfall(ci, reserved)
 		pl := r.placementOf(ci)
+		// A gang is handed all it lacks at once: not while pods may be on
+		// their way to it (reserved), which would leave it with part of
+		// what it wants if they never land. It waits for them to settle.
+		gangWait := pl.Gang && reserved > 0
+		if gangWait && want > keep {
+			r.shortfall += want - keep
+			r.addShortfall(ci, want-keep)
+			want = keep
+		}
 		var held []*podInfo // fetched from the store when needed
 		if n > 0 && (replace || keep > want || pl.Selector != nil) {
 			held = p.held(ci)
@@ -1634,6 +1644,23 @@ func (r *round) plan() (algorithm.Action, error) {
 		if r.a.cfg.openSandbox {
 			// Pods given back count against the lifetime bound too.
 			want = max(0, want-len(release))
+		}
+		if gangWait && want > 0 {
+			// Nor are the pods it gives back replaced meanwhile.
+			n := min(want, len(release))
+			r.shortfall += n
+			r.addShortfall(ci, n)
+			want -= n
+		}
+		if extra := min(pending-reserved, max(0, want-(keep-len(release)))); extra > 0 {
+			// The pods it gives back are replaced too: pods on their way
+			// to it count against those replacements as well, or the
+			// claim would end up with both (found by the machine: a
+			// reserved pod adopted by the write that also handed out a
+			// replacement for a released one).
+			r.shortfall += extra
+			r.addShortfall(ci, extra)
+			want -= extra
 		}
 		if keep == want && len(release) == 0 && lost == 0 {
 			continue

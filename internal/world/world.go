@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -59,9 +60,13 @@ func UnstructuredInput(ctx context.Context, c client.Reader, pool types.Namespac
 		if ref != pool.Name {
 			continue
 		}
-		want, _, _ := unstructured.NestedInt64(u.Object, "spec", "replicas")
-		prio, _, _ := unstructured.NestedInt64(u.Object, "spec", "priority")
-		in.Claims = append(in.Claims, allocator.Claim{Object: u, Want: int(want), Priority: int32(prio)})
+		var spec testenv.ClaimSpec
+		if m, ok := u.Object["spec"].(map[string]any); ok {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &spec); err != nil {
+				return in, fmt.Errorf("claim %s/%s: spec: %w", u.GetNamespace(), u.GetName(), err)
+			}
+		}
+		in.Claims = append(in.Claims, allocator.Claim{Object: u, Want: int(spec.Replicas), Priority: spec.Priority, Placement: spec.Placement()})
 	}
 	return in, nil
 }
