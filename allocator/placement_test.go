@@ -20,6 +20,7 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
+	"github.com/poolalloc/poolalloc/syncer"
 )
 
 // labelPod sets labels on pod name of ns (key, value pairs).
@@ -181,6 +182,23 @@ func TestPlacementGang(t *testing.T) {
 		require.Empty(t, recordIn(t, c, ns, "late").Held())
 		require.Equal(t, map[string]int{"": 1}, res.ShortfallByClass)
 		noPodInTwoRecords(t, c, pool)
+
+		// Releasing one pod of the gang: it keeps the other three, and the
+		// next hand-out brings it back to four (the pod it gave back, once
+		// recycled, is the only one free).
+		given := recordIn(t, c, ns, "gang").Held()[0]
+		var g testenv.Claim
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "gang"}, &g))
+		g.Annotations[syncer.DefaultKeys().Release] = `{"pods":["` + given + `"]}`
+		require.NoError(t, c.Update(ctx, &g))
+		for range 3 {
+			_, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			n := len(recordIn(t, c, ns, "gang").Held())
+			require.True(t, n == 3 || n == 4, "the gang holds %d", n)
+		}
+		require.Len(t, recordIn(t, c, ns, "gang").Held(), 4)
+		require.Empty(t, recordIn(t, c, ns, "late").Held(), "the gang, before it, takes the pod back")
 	})
 }
 

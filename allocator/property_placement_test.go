@@ -113,6 +113,9 @@ func (m *machine) checkHandOuts(in allocator.Input, res allocator.Result, pre ma
 	for _, c := range in.Claims {
 		wants[c.Object.GetUID()] = c.Want
 	}
+	if err := m.checkGangsServed(in, res, pre, post, recycling, wants); err != nil {
+		return err
+	}
 	for _, g := range res.Allocated {
 		spec := m.place[g.UID]
 		perNode := map[string]int{}
@@ -143,6 +146,85 @@ func (m *machine) checkHandOuts(in allocator.Input, res allocator.Result, pre ma
 			if !heldBefore && hi-lo > 1 {
 				return fmt.Errorf("spread claim %s was handed %v from nothing and holds %v pods per node, a skew of %d", g.Claim, g.Pods, perNode, hi-lo)
 			}
+		}
+	}
+	return nil
+}
+
+// checkGangsServed checks the gangs' starvation bound after a clean round
+// (docs/design.md §6): a gang left waiting had fewer idle pods its
+// selector matches than it lacks, plus what the other waiting gangs may
+// hold back (at most what each lacks). Gangs that spread without Relax may
+// wait for the skew instead, and are not checked.
+func (m *machine) checkGangsServed(in allocator.Input, res allocator.Result, pre map[model.Key]types.UID, post map[string]store.Holder, recycling map[string]bool, wants map[types.UID]int) error {
+	lacks := map[types.UID]int{}
+	for _, c := range in.Claims {
+		uid := c.Object.GetUID()
+		if !m.place[uid].Gang || c.Object.GetDeletionTimestamp() != nil {
+			continue
+		}
+		n := 0
+		for pod, h := range post {
+			if h.UID == uid && !recycling[pod] {
+				n++
+			}
+		}
+		if l := wants[uid] - n; l > 0 {
+			lacks[uid] = l
+		}
+	}
+	// Pods the round gave back, or that were held or marked before it,
+	// became free after its plan.
+	freedNow := map[string]bool{}
+	for _, g := range res.Released {
+		for _, pod := range g.Pods {
+			freedNow[pod] = true
+		}
+	}
+	for k := range pre {
+		if k.Namespace == in.Pool.Namespace {
+			freedNow[k.Name] = true
+		}
+	}
+	for _, pod := range in.Pods {
+		if pod.Annotations[allocator.DefaultPodMarkKey] != "" {
+			freedNow[pod.Name] = true
+		}
+	}
+	// A gang with a pod marked for it that it does not hold may have that
+	// pod on its way (a hand-out of unknown outcome): it waits for the
+	// pod to settle (docs/design.md §6).
+	onItsWay := map[types.UID]bool{}
+	for _, pod := range in.Pods {
+		mark := pod.Annotations[allocator.DefaultPodMarkKey]
+		if i := strings.LastIndexByte(mark, '/'); i >= 0 {
+			if uid := types.UID(mark[i+1:]); post[pod.Name].UID != uid {
+				onItsWay[uid] = true
+			}
+		}
+	}
+	for uid, l := range lacks {
+		spec := m.place[uid]
+		if t := spec.Topology; (t != nil && t.Mode == "Spread" && !t.Relax) || onItsWay[uid] {
+			continue
+		}
+		idle := 0
+		for _, pod := range res.Idle {
+			if freedNow[pod] {
+				continue // free only once the plan was made
+			}
+			if i, ok := podIndex(pod); ok && (spec.Selector["size"] == "" || podSize(i) == spec.Selector["size"]) {
+				idle++
+			}
+		}
+		heldBack := 0
+		for other, ol := range lacks {
+			if other != uid {
+				heldBack += ol
+			}
+		}
+		if idle >= l+heldBack {
+			return fmt.Errorf("gang %s lacks %d pods while %d idle pods match it and the other waiting gangs hold back at most %d", uid, l, idle, heldBack)
 		}
 	}
 	return nil
