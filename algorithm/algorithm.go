@@ -22,6 +22,11 @@ type Candidate struct {
 	// Labels are the pod's labels, nil if unknown. They are read-only and
 	// may be shared between candidates.
 	Labels labels.Labels
+	// NodeLabels are the labels of the node the pod runs on, nil if
+	// unknown (package allocator fills them with WithNodeLabels). A
+	// topology key a pod's labels lack is looked up here (Domain);
+	// selectors match only the pod's own labels.
+	NodeLabels labels.Labels
 }
 
 // Request is one claim's demand on the pool in this round.

@@ -81,7 +81,7 @@ type Topology struct {
 	// other fields.
 	Mode TopologyMode
 	// Key names the domains: NodeKey (the default when empty), ZoneKey,
-	// or a pod label. A pod without it is in no domain: it is taken only
+	// or a label of the pod or, failing that, of its node. A pod without it is in no domain: it is taken only
 	// by a Pack claim or a Spread claim with Relax, after every pod that
 	// is in one.
 	Key string
@@ -111,7 +111,8 @@ func (t Topology) key() string {
 func (t Topology) maxSkew() int { return max(1, t.MaxSkew) }
 
 // Domain returns the domain of key the candidate is in, and false if it is
-// in none.
+// in none: NodeKey is its Node, ZoneKey its Zone; any key is then looked
+// up in its Labels, then in its NodeLabels.
 func (c *Candidate) Domain(key string) (string, bool) {
 	switch key {
 	case "", NodeKey:
@@ -121,10 +122,15 @@ func (c *Candidate) Domain(key string) (string, bool) {
 			return c.Zone, true
 		}
 	}
-	if c.Labels == nil {
-		return "", false
+	if c.Labels != nil {
+		if v, ok := c.Labels.Lookup(key); ok {
+			return v, true
+		}
 	}
-	return c.Labels.Lookup(key)
+	if c.NodeLabels != nil {
+		return c.NodeLabels.Lookup(key)
+	}
+	return "", false
 }
 
 // Matches reports whether the placement's Selector matches the

@@ -159,3 +159,17 @@ func TestValidatePlacement(t *testing.T) {
 	bad.Held, bad.HeldPods = []string{"a"}, []algorithm.Candidate{{Name: "b"}}
 	require.ErrorIs(t, algorithm.Validate(algorithm.Input{Requests: []algorithm.Request{bad}}), algorithm.ErrInvalidInput)
 }
+
+func TestDomainFallsBackToNodeLabels(t *testing.T) {
+	c := pod("p", "n1", "", "rack", "pod-rack")
+	c.NodeLabels = labels.Set{"rack": "node-rack", "row": "r7", algorithm.ZoneKey: "z"}
+	for key, want := range map[string]string{"rack": "pod-rack", "row": "r7", algorithm.NodeKey: "n1", algorithm.ZoneKey: "z"} {
+		got, ok := c.Domain(key)
+		require.True(t, ok, key)
+		require.Equal(t, want, got, key)
+	}
+	_, ok := c.Domain("missing")
+	require.False(t, ok)
+	sel := algorithm.Placement{Selector: labels.SelectorFromSet(labels.Set{"row": "r7"})}
+	require.False(t, sel.Matches(&c), "selectors match the pod's own labels only")
+}

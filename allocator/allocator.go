@@ -923,6 +923,8 @@ func (pi *podInfo) setUID(uid types.UID) {
 type podPlace struct {
 	node, zone string
 	labels     podLabels
+	// nodeLabels are the node's labels (WithNodeLabels), nil without.
+	nodeLabels podLabels
 }
 
 // podLabels are a pod's labels as the algorithm sees them
@@ -943,8 +945,10 @@ func (l podLabels) Lookup(key string) (string, bool) { v, ok := l[key]; return v
 const maxPlaces = 1 << 14
 
 // placeOf returns the podPlace of node and labels that the pool's pods
-// share: pods of one template on one node share one.
-func (p *pool) placeOf(node string, labels map[string]string) *podPlace {
+// share: pods of one template on one node share one. With nodeLabels
+// (WithNodeLabels) a new one reads the node's labels once; its zone is the
+// pod's zone label, else the node's.
+func (p *pool) placeOf(node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
 	var b strings.Builder
 	b.WriteString(node)
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
@@ -961,6 +965,12 @@ func (p *pool) placeOf(node string, labels map[string]string) *podPlace {
 		p.places = make(map[string]*podPlace)
 	}
 	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}
+	if nodeLabels != nil && node != "" {
+		pl.nodeLabels = maps.Clone(nodeLabels(node))
+		if pl.zone == "" {
+			pl.zone = pl.nodeLabels[ZoneLabel]
+		}
+	}
 	p.places[k] = pl
 	return pl
 }
@@ -984,6 +994,9 @@ func (pi *podInfo) candidateOf() algorithm.Candidate {
 		c.Node, c.Zone = pi.place.node, pi.place.zone
 		if pi.place.labels != nil {
 			c.Labels = pi.place.labels
+		}
+		if pi.place.nodeLabels != nil {
+			c.NodeLabels = pi.place.nodeLabels
 		}
 	}
 	return c

@@ -147,7 +147,9 @@ type config struct {
 	ready     func(*corev1.Pod) bool
 	recycle   Recycler
 	// topology is the pools' default layout (WithTopology).
-	topology    algorithm.Topology
+	topology algorithm.Topology
+	// nodeLabels reads a node's labels (WithNodeLabels), nil for none.
+	nodeLabels  func(node string) map[string]string
 	clock       clock.PassiveClock
 	writers     int
 	quarantine  time.Duration
@@ -239,6 +241,18 @@ func WithReadiness(ready func(*corev1.Pod) bool) Option {
 // TopologyAny: pods in the pool's order, wherever they run.
 func WithTopology(t algorithm.Topology) Option {
 	return optionFunc(func(c *config) { c.topology = t })
+}
+
+// WithNodeLabels lets placement read node labels: a topology key that a
+// pod's labels lack is looked up in the labels of its node, which
+// nodeLabels returns (from your manager's node cache, say; nil for a node
+// it does not know). It is called once per node and pod label set, under
+// the pool's lock, when a pod of that kind is first listed on the node; a
+// change to a node's labels is seen by pods listed after a pod of theirs
+// changes (or after a restart). A pod's zone (ZoneLabel) falls back to its
+// node's.
+func WithNodeLabels(nodeLabels func(node string) map[string]string) Option {
+	return optionFunc(func(c *config) { c.nodeLabels = nodeLabels; c.checkNil("WithNodeLabels", nodeLabels) })
 }
 
 // WithRecycler sets what happens to pods given back; the default is

@@ -7,6 +7,7 @@ package allocator_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -363,4 +364,29 @@ func TestPlacementPackScaleDown(t *testing.T) {
 		require.ElementsMatch(t, []string{"p-0", "p-3", "p-1"}, recordIn(t, c, ns, "c").Held(), "node-0 whole, then node-1")
 		require.Equal(t, []string{"p-2", "p-5", "p-4"}, res.Idle, "node-2 is unused, node-1 has one pod in use")
 	})
+}
+
+// TestPlacementNodeLabels: with WithNodeLabels a claim spreads over a node
+// label the pods lack.
+func TestPlacementNodeLabels(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool, _ := poolIn(t, c, ns, 6) // p-i on node-(i mod 3)
+		racks := map[string]string{"node-0": "r1", "node-1": "r1", "node-2": "r2"}
+		a, err := allocator.New(c, allocator.WithNodeLabels(func(node string) map[string]string {
+			return map[string]string{"rack": racks[node]}
+		}))
+		require.NoError(t, err)
+		placedClaim(t, c, ns, "c", 4, testenv.ClaimSpec{Topology: &testenv.ClaimTopology{Mode: "Spread", Key: "rack"}})
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		perRack := map[string]int{}
+		for _, p := range recordIn(t, c, ns, "c").Held() {
+			i, _ := podIndex(p)
+			perRack[racks["node-"+strconv.Itoa(i%3)]]++
+		}
+		require.Equal(t, map[string]int{"r1": 2, "r2": 2}, perRack)
+	})
+	_, err := allocator.New(newFakeClient(t, nil), allocator.WithNodeLabels(nil))
+	require.ErrorIs(t, err, allocator.ErrInvalidOption)
 }

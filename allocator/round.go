@@ -847,7 +847,7 @@ func (r *round) observePod(pod *corev1.Pod) {
 		if pi.place != nil && pi.present {
 			r.relabelled(pi)
 		}
-		pi.place = p.placeOf(pod.Spec.NodeName, pod.Labels)
+		pi.place = p.placeOf(pod.Spec.NodeName, pod.Labels, r.a.cfg.nodeLabels)
 	}
 	p.refresh(pi)
 	if pi.recycling() || pi.settling() != nil {

@@ -141,7 +141,8 @@ func InputGen() *rapid.Generator[algorithm.Input] {
 }
 
 // genCandidate draws a candidate named name: on a few nodes, zones and
-// racks (a pod label), of two sizes (a pod label), some lacking a label.
+// racks (a pod label, or its node's), of two sizes (a pod label), some
+// lacking a label.
 func genCandidate(t *rapid.T, name string) algorithm.Candidate {
 	c := algorithm.Candidate{
 		Name: name,
@@ -157,6 +158,9 @@ func genCandidate(t *rapid.T, name string) algorithm.Candidate {
 	}
 	if len(l) > 0 || rapid.Bool().Draw(t, "empty labels") {
 		c.Labels = l
+	}
+	if rack := rapid.SampledFrom([]string{"", "rack-1", "rack-2"}).Draw(t, "node rack"); rack != "" {
+		c.NodeLabels = labels.Set{"rack": rack} // used where the pod has no rack label
 	}
 	return c
 }
