@@ -484,7 +484,7 @@ type pool struct {
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.
-	free []algorithm.Candidate
+	free []freePod
 	// nStarting counts the pods in stateStarting.
 	nStarting int
 	// nHeldPods counts the pods the store says the pool's claims hold
@@ -988,15 +988,27 @@ func (pi *podInfo) labels() labels.Labels {
 	return pi.place.labels
 }
 
-func (pi *podInfo) candidateOf() algorithm.Candidate {
-	c := algorithm.Candidate{Name: pi.name()}
-	if pi.place != nil {
-		c.Node, c.Zone = pi.place.node, pi.place.zone
-		if pi.place.labels != nil {
-			c.Labels = pi.place.labels
+// freePod is an entry of the free list: the pod's name and place, 24
+// bytes; the algorithm gets it as an algorithm.Candidate (candidate).
+type freePod struct {
+	Name  string
+	place *podPlace
+}
+
+func (pi *podInfo) freeEntry() freePod { return freePod{Name: pi.name(), place: pi.place} }
+
+func (pi *podInfo) candidateOf() algorithm.Candidate { return pi.freeEntry().candidate() }
+
+// candidate is f as the algorithm sees it.
+func (f freePod) candidate() algorithm.Candidate {
+	c := algorithm.Candidate{Name: f.Name}
+	if pl := f.place; pl != nil {
+		c.Node, c.Zone = pl.node, pl.zone
+		if pl.labels != nil {
+			c.Labels = pl.labels
 		}
-		if pi.place.nodeLabels != nil {
-			c.NodeLabels = pi.place.nodeLabels
+		if pl.nodeLabels != nil {
+			c.NodeLabels = pl.nodeLabels
 		}
 	}
 	return c

@@ -1707,7 +1707,10 @@ func (r *round) plan() (algorithm.Action, error) {
 	if cap(p.offer) > 64 && len(p.free) < cap(p.offer)/4 {
 		p.offer = nil // let the memory of a larger pool go
 	}
-	p.offer = append(p.offer[:0], p.free...)
+	p.offer = p.offer[:0]
+	for _, f := range p.free {
+		p.offer = append(p.offer, f.candidate())
+	}
 	act, err := safePlan(r.a.cfg.algorithm, algorithm.Input{Candidates: p.offer, Requests: reqs})
 	if err != nil {
 		return act, fmt.Errorf("pool %s: %w: %w", p.name, ErrPlan, err)

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/poolalloc/poolalloc/algorithm"
 )
 
 // The pod state (docs/design.md, "The pod state").
@@ -127,7 +125,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 			return
 		}
 		if to == stateFree {
-			p.free[pi.freeIdx] = pi.candidateOf() // its place may have changed
+			p.free[pi.freeIdx] = pi.freeEntry() // its place may have changed
 		}
 		return
 	}
@@ -172,7 +170,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 	switch to {
 	case stateFree:
 		pi.freeIdx = int32(len(p.free))
-		p.free = append(p.free, pi.candidateOf())
+		p.free = append(p.free, pi.freeEntry())
 	case stateStarting:
 		p.nStarting++
 	case stateLost:
@@ -212,7 +210,7 @@ func (p *pool) removeFree(pi *podInfo) {
 	moved := p.free[last]
 	p.free[pi.freeIdx] = moved
 	p.pods.Get(moved.Name).freeIdx = pi.freeIdx
-	p.free[last] = algorithm.Candidate{}
+	p.free[last] = freePod{}
 	p.free = p.free[:last]
 	pi.freeIdx = -1
 	if cap(p.free) > 64 && int(last) < cap(p.free)/4 {
