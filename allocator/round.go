@@ -1586,9 +1586,10 @@ func (r *round) plan() (algorithm.Action, error) {
 		r.addShortfall(ci, reserved)
 		pl := r.placementOf(ci)
 		// A gang is handed all it lacks at once: not while pods may be on
-		// their way to it (reserved), which would leave it with part of
-		// what it wants if they never land. It waits for them to settle.
-		gangWait := pl.Gang && reserved > 0
+		// their way to it (reserved, or marked for it), which would leave
+		// it with part of what it wants if they never land. It waits for
+		// them to settle.
+		gangWait := pl.Gang && pending > 0
 		if gangWait && want > keep {
 			r.shortfall += want - keep
 			r.addShortfall(ci, want-keep)
