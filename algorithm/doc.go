@@ -12,6 +12,15 @@
 // given by Less (priority, then age, then arrival, then name) and both release the pods a
 // claim's owner gave back plus any surplus over what the claim wants.
 //
+// A request's Placement limits and lays out its pods: a label Selector, a
+// Class its unmet demand is reported under (Action.ShortfallByClass), a
+// Topology (TopologySpread over a domain key with a MaxSkew, waited for or
+// relaxed; TopologyPack) and Gang (all or nothing; a waiting gang holds
+// back from later requests the pods it would get). Packed and Spread name
+// how pods are dealt among requests; TopologySpread and TopologyPack how
+// one request's pods are laid out over domains. Both strategies honour
+// every placement.
+//
 //	act, err := algorithm.Packed{}.Plan(algorithm.Input{
 //		Candidates: []algorithm.Candidate{{Name: "pod-a"}, {Name: "pod-b"}},
 //		Requests:   []algorithm.Request{{UID: "u1", Claim: claim, Want: 1}},

@@ -32,9 +32,15 @@
 //     its release is written. When a terminating claim holds nothing any
 //     more its finalizer is removed and the claim goes.
 //
+// A Claim may carry a Placement (a label selector, a class, a topology
+// layout, all or nothing; see package algorithm and docs/design.md §6): a
+// claim is never handed a pod its selector does not match, nor part of a
+// gang.
+//
 // The Result says what was allocated and released in this round, which pods
 // are idle, recycling or lost, and the Shortfall: how many pods the pool
-// must create to meet the demand of its live claims. Rounds on one pool are
+// must create to meet the demand of its live claims (by class in
+// ShortfallByClass). Rounds on one pool are
 // serialized by the allocator; rounds on different pools run in parallel.
 //
 // A caller that follows its pools through informer events can pass just
