@@ -23,11 +23,13 @@ type Placement struct {
 	// domain (node, zone, or the value of any pod label).
 	Topology Topology
 	// Gang makes the claim all or nothing: a claim that holds fewer pods
-	// than it wants is given everything it lacks at once, or nothing. A
-	// gang that cannot be served holds back, from every claim after it in
-	// the order of Less, the free pods it would get (at most what it
-	// lacks), so that a stream of claims after it cannot starve it. Claims
-	// before it are served first, as always.
+	// than it wants is given everything it lacks at once, or nothing
+	// (every strategy must keep this; package allocator refuses a plan
+	// that does not). With Packed and Spread, a gang that cannot be served
+	// holds back, from every claim after it in the order of Less, the free
+	// pods it would get (at most what it lacks), so that a stream of
+	// claims after it cannot starve it. Claims before it are served first,
+	// as always.
 	Gang bool
 }
 
@@ -146,14 +148,22 @@ func (p *Placement) Matches(c *Candidate) bool {
 	return p.Selector.Matches(l)
 }
 
-// validate checks the placement of request r.
-func (p *Placement) validate(r *Request) error {
-	t := p.Topology
+// Validate reports a topology whose mode is unknown or whose MaxSkew is
+// negative.
+func (t Topology) Validate() error {
 	switch {
 	case t.Mode > TopologyPack:
-		return fmt.Errorf("%w: claim %s: unknown topology mode %d", ErrInvalidInput, r.Claim, t.Mode)
+		return fmt.Errorf("unknown topology mode %d", t.Mode)
 	case t.MaxSkew < 0:
-		return fmt.Errorf("%w: claim %s: negative topology max skew %d", ErrInvalidInput, r.Claim, t.MaxSkew)
+		return fmt.Errorf("negative topology max skew %d", t.MaxSkew)
+	}
+	return nil
+}
+
+// validate checks the placement of request r.
+func (p *Placement) validate(r *Request) error {
+	if err := p.Topology.Validate(); err != nil {
+		return fmt.Errorf("%w: claim %s: %w", ErrInvalidInput, r.Claim, err)
 	}
 	if len(r.HeldPods) > 0 {
 		if len(r.HeldPods) != len(r.Held) {

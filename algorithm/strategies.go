@@ -187,6 +187,7 @@ type picker struct {
 	done     bool // nothing more to pick in this plan
 
 	pos      int   // candidates before pos are dealt, or not for r, or in avoid
+	scanned  int   // topology: candidates before it were classified once
 	avoid    []int // candidates in r.Avoid passed over, in order
 	nodomain []int // free candidates in no domain of r's topology key, in order
 
@@ -286,25 +287,12 @@ func (pk *picker) startTopology() {
 // may, without scanning further.
 func (d *dealer) pickSpread(pk *picker) int {
 	pk.startTopology()
-	t := pk.r.Placement.Topology
-	key, pl := t.key(), &pk.r.Placement
 	for {
 		for ; pk.pos < len(d.cands); pk.pos++ {
 			i := pk.pos
-			c := &d.cands[i]
-			if !d.free(i) || !pl.Matches(c) {
-				continue
-			}
-			dom, ok := c.Domain(key)
+			dom, ok := d.classify(pk, i)
 			switch {
 			case !ok:
-				if !slices.Contains(pk.nodomain, i) {
-					pk.nodomain = append(pk.nodomain, i)
-				}
-			case pk.avoided(d, i):
-				if !slices.Contains(pk.avoid, i) {
-					pk.avoid = append(pk.avoid, i)
-				}
 			case pk.counts[dom] <= pk.level:
 				if pk.fits(dom) {
 					return i
@@ -325,6 +313,37 @@ func (d *dealer) pickSpread(pk *picker) int {
 		pk.level++
 		pk.pos, pk.above = 0, false
 	}
+}
+
+// classify looks at candidate i for pk's topology. The first time a scan
+// reaches it, a free candidate pk may take that is in no domain of its key,
+// or that it asked to avoid, is set aside as a fallback (candidates only
+// ever stop being free, so a later scan finds nothing new before
+// pk.scanned). It returns i's domain if i is a free candidate pk may take
+// in a domain, and not one it asked to avoid.
+func (d *dealer) classify(pk *picker, i int) (string, bool) {
+	first := i >= pk.scanned
+	if first {
+		pk.scanned = i + 1
+	}
+	c := &d.cands[i]
+	if !d.free(i) || !pk.r.Placement.Matches(c) {
+		return "", false
+	}
+	dom, ok := c.Domain(pk.r.Placement.Topology.key())
+	switch {
+	case !ok:
+		if first {
+			pk.nodomain = append(pk.nodomain, i)
+		}
+		return "", false
+	case pk.avoided(d, i):
+		if first {
+			pk.avoid = append(pk.avoid, i)
+		}
+		return "", false
+	}
+	return dom, true
 }
 
 // fits reports whether one more pod in dom keeps pk's skew within bounds
@@ -408,20 +427,9 @@ func mustDomain(d *dealer, i int, key string) string {
 func (d *dealer) pickPack(pk *picker) int {
 	if pk.queue == nil {
 		pk.startTopology()
-		key, pl := pk.r.Placement.Topology.key(), &pk.r.Placement
 		pk.queue = make(map[string][]int)
 		for i := range d.cands {
-			c := &d.cands[i]
-			if !d.free(i) || !pl.Matches(c) {
-				continue
-			}
-			dom, ok := c.Domain(key)
-			switch {
-			case !ok:
-				pk.nodomain = append(pk.nodomain, i)
-			case pk.avoided(d, i):
-				pk.avoid = append(pk.avoid, i)
-			default:
+			if dom, ok := d.classify(pk, i); ok {
 				if _, seen := pk.queue[dom]; !seen {
 					pk.order = append(pk.order, dom)
 				}

@@ -50,9 +50,10 @@ type Claim struct {
 	// the pool's, WithTopology), and all or nothing (Gang). It is read
 	// like Want: in every round that lists the claim, not from an object
 	// older than the newest version known. The claim never gets a pod its
-	// selector does not match; a pod it holds that stops matching (the
-	// selector or the pod's labels changed) is given back and recycled,
-	// as if its owner released it.
+	// selector does not match, by the pod's labels as the round's listing
+	// shows them; a pod it holds that stops matching (the selector or the
+	// pod's labels changed) is given back and recycled, as if its owner
+	// released it.
 	Placement algorithm.Placement
 }
 
@@ -1099,18 +1100,11 @@ type claimMore struct {
 	// recycling counts the held pods being recycled.
 	recycling int32
 	// placement is the claim's Placement, nil if it has none.
-	placement *claimPlacement
+	placement *algorithm.Placement
 	// waitSince is when the claim began to want more than it holds, with
 	// WithMetrics (poolalloc_time_to_serve_seconds); zero while it holds
 	// all it wants.
 	waitSince time.Time
-}
-
-// claimPlacement is a claim's Placement as last read, with its selector
-// as a string, to tell a change.
-type claimPlacement struct {
-	algorithm.Placement
-	selector string
 }
 
 // placement returns c's Placement, the zero one if it has none.
@@ -1118,18 +1112,17 @@ func (c *claimInfo) placement() algorithm.Placement {
 	if c.more == nil || c.more.placement == nil {
 		return algorithm.Placement{}
 	}
-	return c.more.placement.Placement
+	return *c.more.placement
 }
 
 // setPlacement takes pl as c's Placement and reports whether it changed.
+// It runs for every listed claim in every round, so it compares
+// selectors by their requirements, which allocates nothing.
 func (c *claimInfo) setPlacement(pl algorithm.Placement) bool {
-	var sel string
-	if pl.Selector != nil && !pl.Selector.Empty() {
-		sel = pl.Selector.String()
-	} else {
+	if pl.Selector != nil && pl.Selector.Empty() {
 		pl.Selector = nil
 	}
-	var old *claimPlacement
+	var old *algorithm.Placement
 	if c.more != nil {
 		old = c.more.placement
 	}
@@ -1140,11 +1133,26 @@ func (c *claimInfo) setPlacement(pl algorithm.Placement) bool {
 		c.more.placement = nil
 		return true
 	}
-	if old != nil && old.selector == sel && old.Class == pl.Class && old.Topology == pl.Topology && old.Gang == pl.Gang {
+	if old != nil && sameSelector(old.Selector, pl.Selector) && old.Class == pl.Class && old.Topology == pl.Topology && old.Gang == pl.Gang {
 		return false
 	}
-	c.edit().placement = &claimPlacement{Placement: pl, selector: sel}
+	c.edit().placement = &pl
 	return true
+}
+
+// sameSelector reports whether two selectors select the same pods, as far
+// as their requirements (or, for selectors without any, their strings)
+// tell.
+func sameSelector(a, b labels.Selector) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	ra, oka := a.Requirements()
+	rb, okb := b.Requirements()
+	if oka && okb {
+		return slices.EqualFunc(ra, rb, labels.Requirement.Equal)
+	}
+	return a.String() == b.String()
 }
 
 func (c *claimInfo) waitSince() time.Time {

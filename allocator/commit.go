@@ -785,8 +785,7 @@ func (r *round) apply(w *write) {
 		for _, name := range w.adopt {
 			p.endActive(p.pods.Get(name))
 		}
-		r.shortfall -= len(w.adopt) // counted as unmet by plan; held now
-		r.addShortfall(ci, -len(w.adopt))
+		r.addShortfall(ci, -len(w.adopt)) // counted as unmet by plan; held now
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
 				r.storeFail(ci, err)
@@ -823,22 +822,26 @@ func (r *round) scaleDownOrder(idle []string) {
 			busy[pi.place.node]++
 		}
 	}
-	node := func(name string) string {
+	type entry struct{ node, name string }
+	es := make([]entry, len(idle))
+	for i, name := range idle {
+		es[i].name = name
 		if pi := r.p.pods.Get(name); pi != nil && pi.place != nil {
-			return pi.place.node
+			es[i].node = pi.place.node
 		}
-		return ""
 	}
-	slices.SortFunc(idle, func(x, y string) int {
-		nx, ny := node(x), node(y)
-		if c := cmp.Compare(busy[nx], busy[ny]); c != 0 {
+	slices.SortFunc(es, func(x, y entry) int {
+		if c := cmp.Compare(busy[x.node], busy[y.node]); c != 0 {
 			return c
 		}
-		if c := strings.Compare(nx, ny); c != 0 {
+		if c := strings.Compare(x.node, y.node); c != 0 {
 			return c
 		}
-		return strings.Compare(x, y)
+		return strings.Compare(x.name, y.name)
 	})
+	for i, e := range es {
+		idle[i] = e.name
+	}
 }
 
 func (r *round) report() {

@@ -34,8 +34,8 @@
 //
 // A Claim may carry a Placement (a label selector, a class, a topology
 // layout, all or nothing; see package algorithm and docs/design.md §6): a
-// claim is never handed a pod its selector does not match, nor part of a
-// gang.
+// claim is never handed a pod its selector does not match (by the labels
+// the listing shows), nor part of a gang, whatever the strategy.
 //
 // The Result says what was allocated and released in this round, which pods
 // are idle, recycling or lost, and the Shortfall: how many pods the pool

@@ -455,8 +455,8 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 		return nil, fmt.Errorf("%w: nil clock", ErrInvalidOption)
 	case cfg.writers < 1:
 		return nil, fmt.Errorf("%w: write concurrency %d, want at least 1", ErrInvalidOption, cfg.writers)
-	case checkTopology(cfg.topology) != nil:
-		return nil, fmt.Errorf("%w: WithTopology: %w", ErrInvalidOption, checkTopology(cfg.topology))
+	case cfg.topology.Validate() != nil:
+		return nil, fmt.Errorf("%w: WithTopology: %w", ErrInvalidOption, cfg.topology.Validate())
 	case cfg.quarantine <= 0:
 		return nil, fmt.Errorf("%w: quarantine %s, want more than 0", ErrInvalidOption, cfg.quarantine)
 	}

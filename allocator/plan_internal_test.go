@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -93,5 +94,34 @@ func TestPlanCountsReservedPodsAgainstReplacements(t *testing.T) {
 	}
 	if len(req.Release) != 1 || req.Release[0] != held[0].name() {
 		t.Fatalf("request %+v: the released pod is given back", req)
+	}
+}
+
+// A claim's placement is read every round: the same selector built anew
+// is no change, another selector, class or layout is, and so is dropping
+// it.
+func TestSetPlacementTellsChanges(t *testing.T) {
+	sel := func(v string) labels.Selector { return labels.SelectorFromSet(labels.Set{"size": v}) }
+	ci := &claimInfo{}
+	steps := []struct {
+		pl      algorithm.Placement
+		changed bool
+	}{
+		{algorithm.Placement{}, false},
+		{algorithm.Placement{Selector: labels.Everything()}, false}, // empty: none
+		{algorithm.Placement{Selector: sel("small")}, true},
+		{algorithm.Placement{Selector: sel("small")}, false},
+		{algorithm.Placement{Selector: sel("large")}, true},
+		{algorithm.Placement{Selector: sel("large"), Class: "large"}, true},
+		{algorithm.Placement{Selector: sel("large"), Class: "large", Gang: true}, true},
+		{algorithm.Placement{Selector: sel("large"), Class: "large", Gang: true, Topology: algorithm.Topology{Mode: algorithm.TopologyPack}}, true},
+		{algorithm.Placement{Selector: sel("large"), Class: "large", Gang: true, Topology: algorithm.Topology{Mode: algorithm.TopologyPack}}, false},
+		{algorithm.Placement{}, true},
+		{algorithm.Placement{}, false},
+	}
+	for i, st := range steps {
+		if got := ci.setPlacement(st.pl); got != st.changed {
+			t.Fatalf("step %d (%+v): changed %t, want %t", i, st.pl, got, st.changed)
+		}
 	}
 }

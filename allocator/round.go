@@ -508,19 +508,8 @@ func checkClaim(pool types.NamespacedName, i int, c Claim) error {
 	case c.Want < 0 || c.Want > math.MaxInt32:
 		return fmt.Errorf("%w: pool %s: claim %s wants %d pods", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), c.Want)
 	}
-	if err := checkTopology(c.Placement.Topology); err != nil {
+	if err := c.Placement.Topology.Validate(); err != nil {
 		return fmt.Errorf("%w: pool %s: claim %s: %w", ErrInvalidInput, pool, client.ObjectKeyFromObject(c.Object), err)
-	}
-	return nil
-}
-
-// checkTopology checks a claim's or the pool's topology.
-func checkTopology(t algorithm.Topology) error {
-	switch {
-	case t.Mode > algorithm.TopologyPack:
-		return fmt.Errorf("unknown topology mode %d", t.Mode)
-	case t.MaxSkew < 0:
-		return fmt.Errorf("negative topology max skew %d", t.MaxSkew)
 	}
 	return nil
 }
@@ -1582,7 +1571,6 @@ func (r *round) plan() (algorithm.Action, error) {
 		pending := r.reservedFor(ci) + r.pendingStrays(ci)
 		reserved := min(max(0, want-keep), pending)
 		want -= reserved
-		r.shortfall += reserved
 		r.addShortfall(ci, reserved)
 		pl := r.placementOf(ci)
 		// A gang is handed all it lacks at once: not while pods may be on
@@ -1591,7 +1579,6 @@ func (r *round) plan() (algorithm.Action, error) {
 		// them to settle.
 		gangWait := pl.Gang && pending > 0
 		if gangWait && want > keep {
-			r.shortfall += want - keep
 			r.addShortfall(ci, want-keep)
 			want = keep
 		}
@@ -1601,7 +1588,6 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		if n == 0 {
 			if _, moving := r.a.heldElsewhere(ci.uid(), p.name); moving {
-				r.shortfall += want
 				r.addShortfall(ci, want)
 				continue
 			}
@@ -1648,10 +1634,9 @@ func (r *round) plan() (algorithm.Action, error) {
 		}
 		if gangWait && want > 0 {
 			// Nor are the pods it gives back replaced meanwhile.
-			n := min(want, len(release))
-			r.shortfall += n
-			r.addShortfall(ci, n)
-			want -= n
+			back := min(want, len(release))
+			r.addShortfall(ci, back)
+			want -= back
 		}
 		if extra := min(pending-reserved, max(0, want-(keep-len(release)))); extra > 0 {
 			// The pods it gives back are replaced too: pods on their way
@@ -1659,7 +1644,6 @@ func (r *round) plan() (algorithm.Action, error) {
 			// claim would end up with both (found by the machine: a
 			// reserved pod adopted by the write that also handed out a
 			// replacement for a released one).
-			r.shortfall += extra
 			r.addShortfall(ci, extra)
 			want -= extra
 		}
@@ -1735,7 +1719,7 @@ func (r *round) plan() (algorithm.Action, error) {
 	for i := range reqs {
 		req := &reqs[i]
 		if left := max(0, req.Want-(len(req.Held)-len(req.Release))) - granted[req.UID]; left > 0 {
-			r.addShortfall(requested[req.UID], left)
+			r.byClassOnly(requested[req.UID], left)
 		}
 	}
 	return act, nil
@@ -1751,9 +1735,16 @@ func (r *round) placementOf(ci *claimInfo) algorithm.Placement {
 	return pl
 }
 
-// addShortfall adds n pods to the demand ci leaves unmet, under its class
-// (Result.ShortfallByClass; the total is act.Shortfall + r.shortfall).
+// addShortfall adds n pods to the demand ci leaves unmet that the
+// algorithm does not see (r.shortfall), under ci's class too.
 func (r *round) addShortfall(ci *claimInfo, n int) {
+	r.shortfall += n
+	r.byClassOnly(ci, n)
+}
+
+// byClassOnly adds n pods to ci's class in Result.ShortfallByClass (the
+// algorithm's unmet demand is in act.Shortfall already).
+func (r *round) byClassOnly(ci *claimInfo, n int) {
 	if n == 0 {
 		return
 	}
