@@ -50,6 +50,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/allocator/follow"
 	"github.com/poolalloc/poolalloc/internal/model"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/internal/world"
@@ -220,6 +221,13 @@ type machine struct {
 	// place is each claim's placement as created (issue 23): checked
 	// after every step (checkPlacement) and round (checkHandOuts).
 	place map[types.UID]testenv.ClaimSpec
+
+	// The event-driven path (property_follow_test.go), per allocator
+	// instance: its Follower, the listing its last full Sync took, and
+	// per pool the listing events were last made from.
+	f            *follow.Follower
+	followListed *allocator.Input
+	delivered    map[types.NamespacedName]*allocator.Input
 }
 
 var claimGK = schema.GroupKind{Group: testenv.Group, Kind: "Claim"}
@@ -302,6 +310,7 @@ func (m *machine) newAllocator() {
 	m.lastWritten = make(map[types.UID]uint64)
 	m.bestRV = make(map[types.UID]uint64)
 	m.bestWant = make(map[types.UID]int)
+	m.newFollower()
 }
 
 // ---- interceptor and recycler (called from the allocator's goroutines) ----
@@ -743,6 +752,9 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"restart", 1, m.restart},
 		{"concurrentRounds", 2, m.concurrentRounds},
 		{"advanceClock", 2, m.advanceClock},
+		{"followEvents", 3, m.followEvents},
+		{"followSync", 3, m.followSync},
+		{"followRelist", 1, m.followRelist},
 	} {
 		fs[a.name] = a.f
 		for range a.weight {
