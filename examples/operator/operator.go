@@ -28,7 +28,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -37,6 +36,7 @@ import (
 
 	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
+	"github.com/poolalloc/poolalloc/allocator/follow"
 	"github.com/poolalloc/poolalloc/allocator/sharding"
 	"github.com/poolalloc/poolalloc/internal/testenv"
 	"github.com/poolalloc/poolalloc/syncer"
@@ -89,6 +89,11 @@ type Options struct {
 	// Resync is how often a pool is reconciled when nothing happens to it:
 	// the allocator acts on time too (quarantines). Default DefaultResync.
 	Resync time.Duration
+	// FullResync is how often a pool's round lists it whole (Round)
+	// instead of taking the changes its events told (Update); default
+	// follow.DefaultResync. It bounds how long an event the cache lost
+	// goes unnoticed.
+	FullResync time.Duration
 	// PodImage is the image of the pods the operator creates; default the
 	// pause image (testenv.PodImage).
 	PodImage string
@@ -259,9 +264,30 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		client:   mgr.GetClient(),
 		scheme:   mgr.GetScheme(),
 		alloc:    alloc,
+		pods:     newPodIndex(),
 		events:   mgr.GetEventRecorder("poolalloc-operator"),
 		opts:     opts,
 		expected: expectations{pools: map[types.NamespacedName]map[string]expectation{}},
+		gone:     map[types.NamespacedName]bool{},
+	}
+	// Rounds from the pods' and claims' events: a reconcile costs what
+	// changed, and the pool is listed whole only on its first reconcile
+	// and every FullResync.
+	r.follow, err = follow.New(follow.Config{
+		Allocator: alloc,
+		PodPool:   poolOf,
+		ClaimPool: func(o client.Object) types.NamespacedName {
+			if p := claimPool(o); p.Name != "" {
+				return p
+			}
+			return types.NamespacedName{}
+		},
+		Claim:  r.claim,
+		List:   r.list,
+		Resync: opts.FullResync,
+	})
+	if err != nil {
+		return fmt.Errorf("follower: %w", err)
 	}
 	b := ctrl.NewControllerManagedBy(mgr)
 	if opts.Shards != nil {
@@ -273,8 +299,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("pool").
 		// Our own status writes change no generation: they do not wake us.
 		For(newPoolObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&testenv.Claim{}, handler.EnqueueRequestsFromMapFunc(claimToPool)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToPool)).
+		Watches(&testenv.Claim{}, r.follow.ClaimEvents()).
+		Watches(&corev1.Pod{}, indexedPods(r.pods, r.follow.PodEvents())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
 		Complete(r)
 	if err != nil {
@@ -317,23 +343,6 @@ func claimPool(o client.Object) types.NamespacedName {
 	return types.NamespacedName{Namespace: o.GetNamespace(), Name: name}
 }
 
-// claimToPool maps a claim's events to its pool. On an update the old
-// object is mapped too, so a claim moved between pools wakes both.
-func claimToPool(_ context.Context, o client.Object) []ctrl.Request {
-	if p := claimPool(o); p.Name != "" {
-		return []ctrl.Request{{NamespacedName: p}}
-	}
-	return nil
-}
-
-// podToPool maps a pod's events to its pool (PoolLabel).
-func podToPool(_ context.Context, o client.Object) []ctrl.Request {
-	if p := o.GetLabels()[PoolLabel]; p != "" {
-		return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: p}}}
-	}
-	return nil
-}
-
 // poolReconciler runs an allocator round for one pool per reconcile and
 // sizes the pool. controller-runtime never reconciles one pool in two
 // workers at once; different pools run in parallel.
@@ -341,22 +350,90 @@ type poolReconciler struct {
 	client   client.Client
 	scheme   *runtime.Scheme
 	alloc    allocator.Allocator
+	follow   *follow.Follower
+	pods     *podIndex
 	events   recorder.EventRecorder
 	opts     Options
 	expected expectations
+
+	goneMu sync.Mutex
+	gone   map[types.NamespacedName]bool // pools deleted or being deleted; guarded by goneMu
 }
 
-// Reconcile lists the pool's pods and claims from the cache, runs a round
-// and creates (or trims) the pool's pods. A pool that is gone (or being
-// deleted) gets its pods back from its claims through recycling, its idle
-// pods are deleted, and once nothing is left the allocator forgets it.
+// listingKey is the context key under which Reconcile asks list to keep
+// the pool's pods it listed (for a pool's scale-down, which needs them).
+type listingKey struct{}
+
+// list lists a pool whole from the cache for the Follower's Round: its
+// pods and its claims. A pool that is gone (or being deleted) takes all
+// its pods back: its claims want none.
+func (r *poolReconciler) list(ctx context.Context, poolName types.NamespacedName) (allocator.Input, error) {
+	in := allocator.Input{Pool: poolName}
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.InNamespace(poolName.Namespace), client.MatchingFields{podPoolIndex: poolName.Name}); err != nil {
+		return in, fmt.Errorf("pool %s: list pods: %w", poolName, err)
+	}
+	var claims testenv.ClaimList
+	if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
+		return in, fmt.Errorf("pool %s: list claims: %w", poolName, err)
+	}
+	in.Pods = pods.Items
+	for i := range claims.Items {
+		in.Claims = append(in.Claims, r.claim(&claims.Items[i]))
+	}
+	if keep, ok := ctx.Value(listingKey{}).(*[]corev1.Pod); ok {
+		*keep = pods.Items
+	}
+	return in, nil
+}
+
+// claim is what a claim asks of its pool: spec.replicas pods (none when
+// the pool is gone or being deleted), spec.priority, its placement.
+func (r *poolReconciler) claim(o client.Object) allocator.Claim {
+	c, ok := o.(*testenv.Claim)
+	if !ok {
+		return allocator.Claim{Object: o}
+	}
+	want := int(c.Spec.Replicas)
+	if r.poolGone(types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.PoolRef}) {
+		want = 0 // a pool's deletion takes its pods back
+	}
+	return allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority, Placement: claimPlacement(c.Spec)}
+}
+
+// poolGone reports whether the pool's last reconcile found it deleted or
+// being deleted (rounds run only from its reconcile).
+func (r *poolReconciler) poolGone(name types.NamespacedName) bool {
+	r.goneMu.Lock()
+	defer r.goneMu.Unlock()
+	return r.gone[name]
+}
+
+// setGone records whether a pool is gone, for poolGone.
+func (r *poolReconciler) setGone(name types.NamespacedName, gone bool) {
+	r.goneMu.Lock()
+	defer r.goneMu.Unlock()
+	if gone {
+		r.gone[name] = true
+	} else {
+		delete(r.gone, name)
+	}
+}
+
+// Reconcile runs a round for the pool through the Follower: an Update with
+// what the pool's events told since the last round, or, on the pool's
+// first reconcile and every FullResync, a Round on the pool listed whole
+// from the cache. Then it creates the pods the pool lacks, from counts the
+// pod index keeps. A pool that is gone (or being deleted) gets its pods
+// back from its claims through recycling, its idle pods are deleted, and
+// once nothing is left the allocator forgets it.
 func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := logr.FromContextOrDiscard(ctx)
 	poolName := req.NamespacedName
 	if s := r.opts.Shards; s != nil && !s.Owns(poolName) {
 		// Another replica's (or nobody's yet): nothing of it is kept here.
 		// The membership requeues it when that changes.
-		r.expected.forget(poolName)
+		r.forget(poolName)
 		if err := r.alloc.ForgetPool(poolName); err != nil {
 			return ctrl.Result{}, fmt.Errorf("pool %s: forget: %w", poolName, err)
 		}
@@ -372,51 +449,59 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	default:
 		gone = pool.GetDeletionTimestamp() != nil
 	}
-
-	var pods corev1.PodList
-	if err := r.client.List(ctx, &pods, client.InNamespace(poolName.Namespace), client.MatchingFields{podPoolIndex: poolName.Name}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("pool %s: list pods: %w", poolName, err)
-	}
-	var claims testenv.ClaimList
-	if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("pool %s: list claims: %w", poolName, err)
-	}
-	waiting := r.expected.observe(poolName, pods.Items, time.Now())
-	if gone && len(pods.Items) == 0 && !slices.ContainsFunc(claims.Items, hasAllocationFinalizer) {
-		// Nothing of the pool is left and no claim holds anything of it.
-		r.expected.forget(poolName)
-		if err := r.alloc.ForgetPool(poolName); err != nil {
-			return ctrl.Result{}, fmt.Errorf("pool %s: forget: %w", poolName, err)
+	r.setGone(poolName, gone)
+	counts := r.pods.counts(poolName)
+	waiting := r.expected.observe(poolName, func(name string) bool { return r.pods.has(poolName, name) }, time.Now())
+	if gone {
+		if counts.pods == 0 {
+			var claims testenv.ClaimList
+			if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
+				return ctrl.Result{}, fmt.Errorf("pool %s: list claims: %w", poolName, err)
+			}
+			if !slices.ContainsFunc(claims.Items, hasAllocationFinalizer) {
+				// Nothing of the pool is left and no claim holds anything
+				// of it.
+				r.forget(poolName)
+				if err := r.alloc.ForgetPool(poolName); err != nil {
+					return ctrl.Result{}, fmt.Errorf("pool %s: forget: %w", poolName, err)
+				}
+				log.V(1).Info("pool gone, forgotten")
+				return ctrl.Result{}, nil
+			}
 		}
-		log.V(1).Info("pool gone, forgotten")
-		return ctrl.Result{}, nil
+		// Every claim's want is 0 now, and the idle pods are deleted:
+		// both need the pool listed whole.
+		r.follow.Invalidate(poolName)
 	}
 
-	in := allocator.Input{Pool: poolName, Pods: pods.Items}
-	for i := range claims.Items {
-		c := &claims.Items[i]
-		want := int(c.Spec.Replicas)
-		if gone {
-			want = 0 // a pool's deletion takes its pods back
-		}
-		in.Claims = append(in.Claims, allocator.Claim{Object: c, Want: want, Priority: c.Spec.Priority, Placement: claimPlacement(c.Spec)})
-	}
-	res, roundErr := r.alloc.Round(ctx, in) // res is valid even when roundErr is not
+	var listed []corev1.Pod // the pods, when the round listed the pool
+	res, full, roundErr := r.follow.Sync(context.WithValue(ctx, listingKey{}, &listed), poolName)
 	r.warn(pool, res.Warnings)
 
 	var sizeErr error
 	switch {
 	case gone:
-		sizeErr = r.deleteIdle(ctx, poolName, pods.Items, res.Idle, len(res.Idle))
+		sizeErr = r.deleteIdle(ctx, poolName, listed, res.Idle, len(res.Idle))
 	case waiting:
 		// The cache does not show all our creations and deletions yet: the
 		// counts below would be wrong. Look again soon (events will come).
 	default:
-		sizeErr = r.size(ctx, pool, pods.Items, res, roundErr == nil)
+		var excess bool
+		excess, sizeErr = r.size(ctx, pool, counts, res)
+		if excess && roundErr == nil {
+			if full {
+				sizeErr = r.deleteIdle(ctx, poolName, listed, res.Idle, counts.live-replicasOf(pool))
+			} else {
+				// Trimming picks among the idle pods, which only a
+				// Round lists: the next reconcile lists the pool.
+				r.follow.Invalidate(poolName)
+				waiting = true
+			}
+		}
 	}
 	var statusErr error
 	if !gone {
-		statusErr = r.writeStatus(ctx, pool, pods.Items, res)
+		statusErr = r.writeStatus(ctx, pool, counts, res)
 	}
 
 	if err := errors.Join(roundErr, sizeErr, statusErr); err != nil {
@@ -425,10 +510,24 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		return ctrl.Result{}, err // requeued with backoff; the error names the pool
 	}
-	if waiting || res.Shortfall > 0 || len(res.Recycling) > 0 || (gone && len(pods.Items) > 0) {
+	if waiting || res.Shortfall > 0 || len(res.Recycling) > 0 || (gone && counts.pods > 0) {
 		return ctrl.Result{RequeueAfter: busyRequeue}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.opts.Resync}, nil
+}
+
+// forget drops what the operator keeps of a pool besides the allocator.
+func (r *poolReconciler) forget(pool types.NamespacedName) {
+	r.expected.forget(pool)
+	r.setGone(pool, false)
+	r.follow.Forget(pool)
+}
+
+// replicasOf is a pool's spec.replicas (0 when unset or unreadable; size
+// reports the error).
+func replicasOf(pool *unstructured.Unstructured) int {
+	n, _, _ := unstructured.NestedInt64(pool.Object, "spec", "replicas")
+	return int(n)
 }
 
 // claimPlacement is a claim's placement: its selector, topology and gang
@@ -455,28 +554,18 @@ func hasAllocationFinalizer(c testenv.Claim) bool {
 
 // size creates the pods the pool lacks: for each class, enough for its
 // claims' shortfall less that class's pods still starting, and at least
-// spec.replicas pods in all (of no class). With trim, it deletes idle pods
-// beyond both.
-func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructured, pods []corev1.Pod, res allocator.Result, trim bool) error {
+// spec.replicas pods in all (of no class). It reports whether the pool has
+// more live pods than spec.replicas while no claim waits for one: then
+// idle pods may be deleted.
+func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructured, counts podCounts, res allocator.Result) (excess bool, err error) {
 	poolName := client.ObjectKeyFromObject(pool)
 	replicas, _, err := unstructured.NestedInt64(pool.Object, "spec", "replicas")
 	if err != nil {
-		return fmt.Errorf("pool %s: spec.replicas: %w", poolName, err)
-	}
-	live := 0
-	starting := map[string]int{} // live pods not Ready yet and unmarked, by class
-	for i := range pods {
-		p := &pods[i]
-		if !podLive(p) {
-			continue
-		}
-		live++
-		if _, marked := p.Annotations[allocator.DefaultPodMarkKey]; !marked && !allocator.PodReady(p) && p.Labels[ClassLabel] != "" {
-			starting[p.Labels[ClassLabel]]++
-		}
+		return false, fmt.Errorf("pool %s: spec.replicas: %w", poolName, err)
 	}
 	// The allocator's Starting is exact but not by class: the pods of no
 	// class are what is left of it once the classes' are taken out.
+	starting := counts.starting
 	starting[""] = res.Starting
 	for class, n := range starting {
 		if class != "" {
@@ -489,26 +578,23 @@ func (r *poolReconciler) size(ctx context.Context, pool *unstructured.Unstructur
 			create[class], total = c, total+c
 		}
 	}
-	if low := int(replicas) - live - total; low > 0 {
+	if low := int(replicas) - counts.live - total; low > 0 {
 		create[""], total = create[""]+low, total+low
 	}
 	for _, class := range slices.Sorted(maps.Keys(create)) {
 		for range create[class] {
 			pod, err := r.newPod(pool, class)
 			if err != nil {
-				return err
+				return false, err
 			}
 			if err := r.client.Create(ctx, pod); err != nil {
-				return fmt.Errorf("pool %s: create pod: %w", poolName, err)
+				return false, fmt.Errorf("pool %s: create pod: %w", poolName, err)
 			}
 			r.expected.add(poolName, pod.Name, true, time.Now())
-			logr.FromContextOrDiscard(ctx).V(1).Info("created pod", "pod", pod.Name, "class", class, "shortfall", res.Shortfall, "starting", res.Starting, "replicas", replicas, "live", live)
+			logr.FromContextOrDiscard(ctx).V(1).Info("created pod", "pod", pod.Name, "class", class, "shortfall", res.Shortfall, "starting", res.Starting, "replicas", replicas, "live", counts.live)
 		}
 	}
-	if excess := live - int(replicas); trim && total == 0 && res.Shortfall == 0 && excess > 0 {
-		return r.deleteIdle(ctx, poolName, pods, res.Idle, excess)
-	}
-	return nil
+	return total == 0 && res.Shortfall == 0 && counts.live > int(replicas), nil
 }
 
 // podLive reports whether a pod counts towards the pool's size: not being
@@ -523,11 +609,15 @@ func podLive(p *corev1.Pod) bool {
 // marks a pod (a new resourceVersion) before it hands it out, so a pod
 // handed out since, here or by another allocator, is left alone.
 func (r *poolReconciler) deleteIdle(ctx context.Context, poolName types.NamespacedName, pods []corev1.Pod, idle []string, n int) error {
+	isIdle := make(map[string]bool, len(idle))
+	for _, name := range idle {
+		isIdle[name] = true
+	}
 	var victims []*corev1.Pod
 	for i := range pods {
 		p := &pods[i]
 		_, marked := p.Annotations[allocator.DefaultPodMarkKey]
-		if !marked && p.DeletionTimestamp == nil && slices.Contains(idle, p.Name) {
+		if !marked && p.DeletionTimestamp == nil && isIdle[p.Name] {
 			victims = append(victims, p)
 		}
 	}
@@ -593,20 +683,11 @@ func (r *poolReconciler) warn(pool *unstructured.Unstructured, warnings []error)
 
 // writeStatus writes what the round found into the pool's status, when it
 // changed: pods, ready, idle, starting, recycling, lost, shortfall.
-func (r *poolReconciler) writeStatus(ctx context.Context, pool *unstructured.Unstructured, pods []corev1.Pod, res allocator.Result) error {
-	live, ready := 0, 0
-	for i := range pods {
-		if podLive(&pods[i]) {
-			live++
-		}
-		if allocator.PodReady(&pods[i]) {
-			ready++
-		}
-	}
+func (r *poolReconciler) writeStatus(ctx context.Context, pool *unstructured.Unstructured, counts podCounts, res allocator.Result) error {
 	status := map[string]any{
 		"observedGeneration": pool.GetGeneration(),
-		"pods":               int64(live),
-		"ready":              int64(ready),
+		"pods":               int64(counts.live),
+		"ready":              int64(counts.ready),
 		"idle":               int64(res.IdleCount),
 		"starting":           int64(res.Starting),
 		"recycling":          int64(len(res.Recycling)),
@@ -650,21 +731,18 @@ func (e *expectations) add(pool types.NamespacedName, pod string, create bool, n
 	e.pools[pool][pod] = expectation{create: create, since: now}
 }
 
-// observe drops the pending pods the listing shows done (or that waited
-// longer than expectTimeout) and reports whether any is still pending.
-func (e *expectations) observe(pool types.NamespacedName, pods []corev1.Pod, now time.Time) bool {
+// observe drops the pending pods the cache shows done (listed tells
+// whether it shows a pod of that name), or that waited longer than
+// expectTimeout, and reports whether any is still pending.
+func (e *expectations) observe(pool types.NamespacedName, listed func(name string) bool, now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	pending := e.pools[pool]
 	if len(pending) == 0 {
 		return false
 	}
-	listed := make(map[string]bool, len(pods))
-	for i := range pods {
-		listed[pods[i].Name] = true
-	}
 	for name, x := range pending {
-		if x.create == listed[name] || now.Sub(x.since) > expectTimeout {
+		if x.create == listed(name) || now.Sub(x.since) > expectTimeout {
 			delete(pending, name)
 		}
 	}
