@@ -102,10 +102,6 @@ type changes struct {
 	goneClaim map[types.UID]bool
 }
 
-func (c *changes) empty() bool {
-	return len(c.pods) == 0 && len(c.gonePods) == 0 && len(c.claims) == 0 && len(c.goneClaim) == 0
-}
-
 // setPod records pod as its name's newest version. A pod created under
 // the name of one that left replaces the departure: the allocator tells
 // the two apart by UID.
