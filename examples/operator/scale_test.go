@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -46,8 +47,22 @@ const burstClaims = 1000
 // process over the run (the informer caches included). Run it with
 //
 //	go test ./examples/operator -run '^$' -bench BenchmarkOperatorBurst -benchtime 1x -count 3
+//
+// POOLALLOC_BURST_PODS replaces the pool sizes, comma-separated (say
+// "50000": the API server then holds 50,000 pods, about 1.5 GiB more).
 func BenchmarkOperatorBurst(b *testing.B) {
-	for _, pods := range []int{1000, 10000} {
+	sizes := []int{1000, 10000}
+	if v := os.Getenv("POOLALLOC_BURST_PODS"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < burstClaims {
+				b.Fatalf("POOLALLOC_BURST_PODS=%q: %q is not a pool size of at least %d", v, f, burstClaims)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, pods := range sizes {
 		b.Run("pods="+strconv.Itoa(pods), func(b *testing.B) {
 			for range b.N {
 				burst(b, pods)
