@@ -115,6 +115,10 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	crds, err := CRDs()
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
 	// The API server's certificates live in a directory we own, so that
 	// RestartAPIServer brings it back with the same serving certificate.
 	certDir, err := os.MkdirTemp("", "poolalloc-apiserver-")
@@ -129,7 +133,7 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 		env: &envtest.Environment{
 			Scheme:                   scheme,
 			BinaryAssetsDirectory:    dir,
-			CRDs:                     CRDs(),
+			CRDs:                     crds,
 			ErrorIfCRDPathMissing:    true,
 			ControlPlaneStartTimeout: startTimeout,
 			ControlPlaneStopTimeout:  stopTimeout,
@@ -179,7 +183,7 @@ const crdCreateDelay = 2 * time.Second
 // them.
 func (e *Env) waitCreatable(ctx context.Context) error {
 	var latest time.Time
-	for _, crd := range CRDs() {
+	for _, crd := range e.env.CRDs {
 		var got apiextensionsv1.CustomResourceDefinition
 		if err := e.Client.Get(ctx, client.ObjectKeyFromObject(crd), &got); err != nil {
 			return fmt.Errorf("testenv: get CRD %s: %w", crd.Name, err)

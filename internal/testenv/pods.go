@@ -9,12 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 	"github.com/poolalloc/poolalloc/internal/parallel"
 )
 
 // PoolLabel is the label CreatePods puts on a pool's pods; its value is the
-// pool name.
-const PoolLabel = "poolalloc.io/test-pool"
+// pool name (v1.PoolLabel of the operator example's API).
+const PoolLabel = v1.PoolLabel
 
 // PodImage is the image of the single container of pods from CreatePods.
 // Nothing runs it: the test API server has no kubelet.
