@@ -34,6 +34,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/poolalloc/poolalloc/examples/operator/envtestbin"
 )
 
 // Timeouts of the control plane processes. Start waits long because
@@ -147,7 +149,7 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 		},
 	}
 	// Alpha since v1.36: sharded list and watch (allocator/sharding).
-	if v, err := binaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes "); err == nil {
+	if v, err := envtestbin.BinaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes "); err == nil {
 		if parsed, err := version.ParseGeneric(v); err == nil && parsed.AtLeast(version.MajorMinor(1, 36)) {
 			e.env.ControlPlane.APIServer.Configure().Append("feature-gates", "ShardedListAndWatch=true")
 			e.ShardedListAndWatch = true
