@@ -38,12 +38,12 @@ import (
 	"github.com/poolalloc/poolalloc/algorithm"
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/allocator/sharding"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
-// The operator's API. A Pool (pools.test.poolalloc.io, no Go type: read as
-// unstructured) keeps at least spec.replicas pods and grows to serve its
+// The operator's API (package api/v1, CRDs in config/crd). A Pool
+// (pools.test.poolalloc.io, no Go type: read as unstructured) keeps at least spec.replicas pods and grows to serve its
 // claims; a Claim (claims.test.poolalloc.io, typed) names its pool in
 // spec.poolRef and wants spec.replicas pods, spec.priority breaking ties
 // when the pool is short. A claim may also place its pods (spec.selector,
@@ -53,7 +53,7 @@ import (
 // own types.
 const (
 	// PoolLabel names a pod's pool.
-	PoolLabel = testenv.PoolLabel
+	PoolLabel = poolv1.PoolLabel
 	// ClassLabel names the class (the pod template) a pod was made for.
 	ClassLabel = "poolalloc.io/class"
 	// ManagedByLabel marks the pods this operator created.
@@ -74,6 +74,9 @@ const (
 // Defaults of Options.
 const (
 	DefaultResync = 30 * time.Second
+	// DefaultPodImage is the image of the pods the operator creates
+	// unless Options.PodImage names another: the pause image.
+	DefaultPodImage = "registry.k8s.io/pause:3.10"
 	// busyRequeue is how soon a pool that is waiting for something (pods
 	// starting, pods being recycled, its cache catching up with our own
 	// writes) is looked at again, whatever events arrive.
@@ -89,8 +92,8 @@ type Options struct {
 	// Resync is how often a pool is reconciled when nothing happens to it:
 	// the allocator acts on time too (quarantines). Default DefaultResync.
 	Resync time.Duration
-	// PodImage is the image of the pods the operator creates; default the
-	// pause image (testenv.PodImage).
+	// PodImage is the image of the pods the operator creates; default
+	// DefaultPodImage.
 	PodImage string
 	// MaxConcurrentReconciles is how many pools are reconciled at once
 	// (rounds of different pools run in parallel); default 2.
@@ -108,15 +111,15 @@ type Options struct {
 }
 
 // NewScheme returns the scheme the operator's manager needs: the core
-// types (pods, events) and the test CRDs' typed Claim. Pool has no Go type
+// types (pods, events) and the API's typed Claim (api/v1). Pool has no Go type
 // and is read as unstructured.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("scheme: core/v1: %w", err)
 	}
-	if err := testenv.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("scheme: %s: %w", testenv.GroupVersion, err)
+	if err := poolv1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("scheme: %s: %w", poolv1.GroupVersion, err)
 	}
 	return s, nil
 }
@@ -195,7 +198,7 @@ func NewManager(cfg *rest.Config, mc ManagerConfig) (ctrl.Manager, error) {
 // newPoolObject returns an empty Pool to read into.
 func newPoolObject() *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(testenv.PoolGVK)
+	u.SetGroupVersionKind(poolv1.PoolGVK)
 	return u
 }
 
@@ -208,21 +211,21 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts.Resync = DefaultResync
 	}
 	if opts.PodImage == "" {
-		opts.PodImage = testenv.PodImage
+		opts.PodImage = DefaultPodImage
 	}
 	if opts.MaxConcurrentReconciles <= 0 {
 		opts.MaxConcurrentReconciles = 2
 	}
 	for _, gvk := range []struct{ kind, plural string }{{"Pool", "pools"}, {"Claim", "claims"}} {
-		gk := testenv.GroupVersion.WithKind(gvk.kind).GroupKind()
-		if _, err := mgr.GetRESTMapper().RESTMapping(gk, testenv.Version); err != nil {
-			return fmt.Errorf("CRD %s.%s is not served (install it first): %w", gvk.plural, testenv.Group, err)
+		gk := poolv1.GroupVersion.WithKind(gvk.kind).GroupKind()
+		if _, err := mgr.GetRESTMapper().RESTMapping(gk, poolv1.Version); err != nil {
+			return fmt.Errorf("CRD %s.%s is not served (install it first): %w", gvk.plural, poolv1.Group, err)
 		}
 	}
 
 	ctx := context.Background() // IndexField only uses it to start informers lazily
-	err := mgr.GetFieldIndexer().IndexField(ctx, &testenv.Claim{}, claimPoolIndex, func(o client.Object) []string {
-		if c, ok := o.(*testenv.Claim); ok && c.Spec.PoolRef != "" {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &poolv1.Claim{}, claimPoolIndex, func(o client.Object) []string {
+		if c, ok := o.(*poolv1.Claim); ok && c.Spec.PoolRef != "" {
 			return []string{c.Spec.PoolRef}
 		}
 		return nil
@@ -247,7 +250,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	alloc, err := allocator.New(mgr.GetClient(),
 		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
 		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
-		allocator.WithClaimType(&testenv.Claim{}),
+		allocator.WithClaimType(&poolv1.Claim{}),
 		allocator.WithClaimPool(claimPool),
 		allocator.WithMetrics(reg),
 		// Allocated, Released and warnings on the claims, rate-limited.
@@ -273,7 +276,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("pool").
 		// Our own status writes change no generation: they do not wake us.
 		For(newPoolObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&testenv.Claim{}, handler.EnqueueRequestsFromMapFunc(claimToPool)).
+		Watches(&poolv1.Claim{}, handler.EnqueueRequestsFromMapFunc(claimToPool)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToPool)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
 		Complete(r)
@@ -292,7 +295,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 // listPools returns every Pool the cache holds.
 func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(testenv.PoolGVK.GroupVersion().WithKind(testenv.PoolGVK.Kind + "List"))
+	list.SetGroupVersionKind(poolv1.PoolGVK.GroupVersion().WithKind(poolv1.PoolGVK.Kind + "List"))
 	if err := c.List(ctx, list); err != nil {
 		return nil, fmt.Errorf("list pools: %w", err)
 	}
@@ -309,7 +312,7 @@ func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, er
 func claimPool(o client.Object) types.NamespacedName {
 	name := ""
 	switch c := o.(type) {
-	case *testenv.Claim:
+	case *poolv1.Claim:
 		name = c.Spec.PoolRef
 	case *unstructured.Unstructured:
 		name, _, _ = unstructured.NestedString(c.Object, "spec", "poolRef")
@@ -377,7 +380,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err := r.client.List(ctx, &pods, client.InNamespace(poolName.Namespace), client.MatchingFields{podPoolIndex: poolName.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("pool %s: list pods: %w", poolName, err)
 	}
-	var claims testenv.ClaimList
+	var claims poolv1.ClaimList
 	if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("pool %s: list claims: %w", poolName, err)
 	}
@@ -435,7 +438,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 // as written, and its class, which also selects the pods made for it
 // (ClassLabel=<class>), so that the pods this operator creates for a
 // class's shortfall (size) are the ones that serve it.
-func claimPlacement(spec testenv.ClaimSpec) algorithm.Placement {
+func claimPlacement(spec poolv1.ClaimSpec) algorithm.Placement {
 	pl := spec.Placement()
 	if spec.Class != "" {
 		sel := labels.Set{ClassLabel: spec.Class}
@@ -449,7 +452,7 @@ func claimPlacement(spec testenv.ClaimSpec) algorithm.Placement {
 
 // hasAllocationFinalizer reports whether the allocator's finalizer is on
 // the claim: it may hold pods.
-func hasAllocationFinalizer(c testenv.Claim) bool {
+func hasAllocationFinalizer(c poolv1.Claim) bool {
 	return controllerutil.ContainsFinalizer(&c, syncer.DefaultKeys().Finalizer)
 }
 

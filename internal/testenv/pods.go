@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 	"github.com/poolalloc/poolalloc/internal/parallel"
 )
 
@@ -61,42 +62,12 @@ func CreatePods(ctx context.Context, c client.Client, ns, pool string, n int, re
 
 // SetPodReady sets pod's phase to Running and its Ready and ContainersReady
 // conditions to ready through the status subresource, as a kubelet would,
-// and updates pod to the stored object.
+// and updates pod to the stored object (fakekubelet.SetPodReady).
 func SetPodReady(ctx context.Context, c client.Client, pod *corev1.Pod, ready bool) error {
-	orig := pod.DeepCopy()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	now := metav1.Now()
-	pod.Status.Phase = corev1.PodRunning
-	for _, t := range []corev1.PodConditionType{corev1.PodScheduled, corev1.ContainersReady, corev1.PodReady} {
-		s := status
-		if t == corev1.PodScheduled {
-			s = corev1.ConditionTrue
-		}
-		setCondition(&pod.Status, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: now})
-	}
-	if err := c.Status().Patch(ctx, pod, client.StrategicMergeFrom(orig)); err != nil {
-		return fmt.Errorf("testenv: set pod %s/%s ready=%t: %w", pod.Namespace, pod.Name, ready, err)
+	if err := fakekubelet.SetPodReady(ctx, c, pod, ready); err != nil {
+		return fmt.Errorf("testenv: %w", err)
 	}
 	return nil
-}
-
-// setCondition replaces the condition of the same type, keeping its
-// transition time if the status did not change, or appends it.
-func setCondition(s *corev1.PodStatus, cond corev1.PodCondition) {
-	for i := range s.Conditions {
-		if s.Conditions[i].Type != cond.Type {
-			continue
-		}
-		if s.Conditions[i].Status == cond.Status {
-			cond.LastTransitionTime = s.Conditions[i].LastTransitionTime
-		}
-		s.Conditions[i] = cond
-		return
-	}
-	s.Conditions = append(s.Conditions, cond)
 }
 
 // ListPods returns the pods of pool in namespace ns (by PoolLabel), sorted

@@ -1,4 +1,12 @@
-package main
+// Package fakekubelet stands in for the kubelets of a real cluster on an
+// API server that has none (controller-runtime's envtest: no nodes, no
+// scheduler, no kubelet), so that the operator example's pods become Ready
+// in its demo and its tests. It is NOT part of the operator: a fork keeps
+// it for its tests and drops it from its deployment.
+//
+//	k := &fakekubelet.Kubelet{Client: c, Namespace: "demo", StartDelay: 500 * time.Millisecond}
+//	go k.Run(ctx)
+package fakekubelet
 
 import (
 	"context"
@@ -9,26 +17,26 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/allocator"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	v1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 )
 
-// FakeKubelet stands in for the kubelets of a real cluster, for the
-// embedded API server only: it has no nodes, no scheduler and no kubelet,
-// so a pod would stay Pending for ever. It is NOT part of the operator.
+// Kubelet plays the kubelets of a cluster without nodes, where a pod would
+// stay Pending for ever.
 //
-// Every Interval it lists the pool pods (PoolLabel set) of Namespace and
-//   - marks Ready (testenv.SetPodReady) those older than StartDelay that are
-//     not Ready yet, as a kubelet does once the containers run;
+// Every Interval it lists the pool pods (v1.PoolLabel set) of Namespace and
+//   - puts those older than StartDelay that are not Ready yet in a zone
+//     (placeInZone) and marks them Ready (SetPodReady), as a scheduler and
+//     a kubelet do once the containers run;
 //   - finishes the deletion of pods that are terminating, as a kubelet
 //     confirms a pod stopped. The operator's pods are bound to no node and
 //     have no finalizers, so the API server deletes them at once and this
-//     never happens to them; pods bound to a node (testenv.CreatePods) wait
-//     for it.
-type FakeKubelet struct {
+//     never happens to them; pods bound to a node wait for it.
+type Kubelet struct {
 	Client    client.Client
 	Namespace string
 	// Interval between passes; default 200ms.
@@ -40,13 +48,13 @@ type FakeKubelet struct {
 	started  atomic.Int64 // pods made Ready, for their zones
 }
 
-// Finished returns how many pod deletions the fake kubelet had to finish.
-func (k *FakeKubelet) Finished() int64 { return k.finished.Load() }
+// Finished returns how many pod deletions the kubelet had to finish.
+func (k *Kubelet) Finished() int64 { return k.finished.Load() }
 
 // Run runs passes until ctx ends; it returns nil then. A failed pass is
 // retried at the next tick; Run returns an error only when passes keep
 // failing for a minute.
-func (k *FakeKubelet) Run(ctx context.Context) error {
+func (k *Kubelet) Run(ctx context.Context) error {
 	interval := k.Interval
 	if interval <= 0 {
 		interval = 200 * time.Millisecond
@@ -75,9 +83,9 @@ func (k *FakeKubelet) Run(ctx context.Context) error {
 }
 
 // pass does one round over the namespace's pool pods.
-func (k *FakeKubelet) pass(ctx context.Context) error {
+func (k *Kubelet) pass(ctx context.Context) error {
 	var pods corev1.PodList
-	if err := k.Client.List(ctx, &pods, client.InNamespace(k.Namespace), client.HasLabels{PoolLabel}); err != nil {
+	if err := k.Client.List(ctx, &pods, client.InNamespace(k.Namespace), client.HasLabels{v1.PoolLabel}); err != nil {
 		return fmt.Errorf("fake kubelet: list pods of %s: %w", k.Namespace, err)
 	}
 	var errs []error
@@ -93,12 +101,12 @@ func (k *FakeKubelet) pass(ctx context.Context) error {
 			case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
 				errs = append(errs, fmt.Errorf("fake kubelet: finish deleting pod %s/%s: %w", pod.Namespace, pod.Name, err))
 			}
-		case !testenv.IsPodReady(pod) && time.Since(pod.CreationTimestamp.Time) >= k.StartDelay:
+		case !allocator.PodReady(pod) && time.Since(pod.CreationTimestamp.Time) >= k.StartDelay:
 			if err := k.placeInZone(ctx, pod); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			if err := testenv.SetPodReady(ctx, k.Client, pod, true); err != nil && !apierrors.IsNotFound(err) {
+			if err := SetPodReady(ctx, k.Client, pod, true); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
 			}
 		}
@@ -113,7 +121,7 @@ var demoZones = []string{"zone-a", "zone-b", "zone-c"}
 // demoZones, as if it were scheduled there (the allocator reads a pod's
 // zone from allocator.ZoneLabel; a real cluster's admission or the
 // operator's pod template sets it).
-func (k *FakeKubelet) placeInZone(ctx context.Context, pod *corev1.Pod) error {
+func (k *Kubelet) placeInZone(ctx context.Context, pod *corev1.Pod) error {
 	if pod.Labels[allocator.ZoneLabel] != "" {
 		return nil
 	}
@@ -123,4 +131,44 @@ func (k *FakeKubelet) placeInZone(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("fake kubelet: zone of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
+}
+
+// SetPodReady sets pod's phase to Running and its Ready and ContainersReady
+// conditions to ready (PodScheduled to true) through the status
+// subresource, as a kubelet would, and updates pod to the stored object.
+func SetPodReady(ctx context.Context, c client.Client, pod *corev1.Pod, ready bool) error {
+	orig := pod.DeepCopy()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodRunning
+	for _, t := range []corev1.PodConditionType{corev1.PodScheduled, corev1.ContainersReady, corev1.PodReady} {
+		s := status
+		if t == corev1.PodScheduled {
+			s = corev1.ConditionTrue
+		}
+		setCondition(&pod.Status, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: now})
+	}
+	if err := c.Status().Patch(ctx, pod, client.StrategicMergeFrom(orig)); err != nil {
+		return fmt.Errorf("set pod %s/%s ready=%t: %w", pod.Namespace, pod.Name, ready, err)
+	}
+	return nil
+}
+
+// setCondition replaces the condition of the same type, keeping its
+// transition time if the status did not change, or appends it.
+func setCondition(s *corev1.PodStatus, cond corev1.PodCondition) {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type != cond.Type {
+			continue
+		}
+		if s.Conditions[i].Status == cond.Status {
+			cond.LastTransitionTime = s.Conditions[i].LastTransitionTime
+		}
+		s.Conditions[i] = cond
+		return
+	}
+	s.Conditions = append(s.Conditions, cond)
 }
