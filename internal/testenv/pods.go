@@ -80,12 +80,6 @@ func ListPods(ctx context.Context, c client.Client, ns, pool string) ([]corev1.P
 	return list.Items, nil
 }
 
-// IsPodReady reports whether pod has condition Ready=True.
-func IsPodReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+// IsPodReady reports whether pod has condition Ready=True
+// (fakekubelet.IsPodReady).
+func IsPodReady(pod *corev1.Pod) bool { return fakekubelet.IsPodReady(pod) }

@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/poolalloc/poolalloc/allocator"
 	v1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 )
 
@@ -101,7 +100,7 @@ func (k *Kubelet) pass(ctx context.Context) error {
 			case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
 				errs = append(errs, fmt.Errorf("fake kubelet: finish deleting pod %s/%s: %w", pod.Namespace, pod.Name, err))
 			}
-		case !allocator.PodReady(pod) && time.Since(pod.CreationTimestamp.Time) >= k.StartDelay:
+		case !IsPodReady(pod) && time.Since(pod.CreationTimestamp.Time) >= k.StartDelay:
 			if err := k.placeInZone(ctx, pod); err != nil {
 				errs = append(errs, err)
 				continue
@@ -117,20 +116,30 @@ func (k *Kubelet) pass(ctx context.Context) error {
 // demoZones are the zones the fake kubelet puts pods in, in turn.
 var demoZones = []string{"zone-a", "zone-b", "zone-c"}
 
-// placeInZone labels a pod that has no zone label with the next of
-// demoZones, as if it were scheduled there (the allocator reads a pod's
-// zone from allocator.ZoneLabel; a real cluster's admission or the
-// operator's pod template sets it).
+// placeInZone labels a pod that has no zone label (topology.kubernetes.io/zone)
+// with the next of demoZones, as if it were scheduled there (the allocator
+// reads a pod's zone from that label, allocator.ZoneLabel; a real
+// cluster's admission or the operator's pod template sets it).
 func (k *Kubelet) placeInZone(ctx context.Context, pod *corev1.Pod) error {
-	if pod.Labels[allocator.ZoneLabel] != "" {
+	if pod.Labels[corev1.LabelTopologyZone] != "" {
 		return nil
 	}
 	zone := demoZones[(k.started.Add(1)-1)%int64(len(demoZones))]
-	patch := []byte(`{"metadata":{"labels":{"` + allocator.ZoneLabel + `":"` + zone + `"}}}`)
+	patch := []byte(`{"metadata":{"labels":{"` + corev1.LabelTopologyZone + `":"` + zone + `"}}}`)
 	if err := k.Client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("fake kubelet: zone of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
+}
+
+// IsPodReady reports whether pod has condition Ready=True.
+func IsPodReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // SetPodReady sets pod's phase to Running and its Ready and ContainersReady
