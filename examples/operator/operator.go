@@ -43,10 +43,11 @@ import (
 )
 
 // The operator's API (package api/v1, CRDs in config/crd). A Pool
-// (pools.test.poolalloc.io, no Go type: read as unstructured) keeps at least spec.replicas pods and grows to serve its
-// claims; a Claim (claims.test.poolalloc.io, typed) names its pool in
-// spec.poolRef and wants spec.replicas pods, spec.priority breaking ties
-// when the pool is short. A claim may also place its pods (spec.selector,
+// (pools.test.poolalloc.io, no Go type: read as unstructured) keeps at
+// least spec.replicas pods and grows to serve its claims; a Claim
+// (claims.test.poolalloc.io, typed) names its pool in spec.poolRef and
+// wants spec.replicas pods, spec.priority breaking ties when the pool is
+// short. A claim may also place its pods (spec.selector,
 // spec.class, spec.topology, spec.gang; see claimPlacement). A pool's pods
 // are the pods of its namespace labelled PoolLabel=<pool name>; a pod made
 // for a class is labelled ClassLabel=<class>. Fork: replace these with your
@@ -111,8 +112,8 @@ type Options struct {
 }
 
 // NewScheme returns the scheme the operator's manager needs: the core
-// types (pods, events) and the API's typed Claim (api/v1). Pool has no Go type
-// and is read as unstructured.
+// types (pods, events) and the API's typed Claim (api/v1). Pool has no Go
+// type and is read as unstructured.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
