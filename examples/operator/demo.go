@@ -17,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/allocator"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -37,12 +38,12 @@ const (
 // kubelet and the demo on it, and stops them all when the demo ends
 // (-demo-duration) or ctx does.
 func runEmbedded(ctx context.Context, f flags, stdout, stderr io.Writer) (err error) {
-	fmt.Fprintln(stdout, "KUBECONFIG is not set: starting an embedded kube-apiserver and etcd (built once and cached, see internal/testenv)")
-	env, err := testenv.Start(ctx, stderr)
+	fmt.Fprintln(stdout, "KUBECONFIG is not set: starting an embedded kube-apiserver and etcd (see embedded.go)")
+	env, err := startEmbedded(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, env.Stop()) }()
+	defer func() { err = errors.Join(err, env.stop()) }()
 
 	ns := demoNamespace
 	if f.namespaceSeen {
@@ -80,7 +81,7 @@ func runEmbedded(ctx context.Context, f flags, stdout, stderr io.Writer) (err er
 		}
 		cancel() // the demo has nothing to show without the operator
 	})
-	kubelet := &FakeKubelet{Client: env.Client, Namespace: ns, StartDelay: 500 * time.Millisecond}
+	kubelet := &fakekubelet.Kubelet{Client: env.Client, Namespace: ns, StartDelay: 500 * time.Millisecond}
 	wg.Go(func() {
 		kubeletErr = kubelet.Run(runCtx)
 		if kubeletErr != nil {
@@ -156,13 +157,13 @@ func (d *demo) run(ctx context.Context, duration time.Duration) error {
 
 // steps is the script.
 func (d *demo) steps(ctx context.Context) error {
-	if err := d.c.Create(ctx, testenv.NewPool(d.ns, demoPool, 4)); err != nil {
+	if err := d.c.Create(ctx, poolv1.NewPool(d.ns, demoPool, 4)); err != nil {
 		return fmt.Errorf("create pool %s/%s: %w", d.ns, demoPool, err)
 	}
-	for _, cl := range []*testenv.Claim{
-		testenv.NewClaim(d.ns, "alpha", demoPool, 2),
-		testenv.NewClaim(d.ns, "beta", demoPool, 1),
-		testenv.NewClaim(d.ns, "gamma", demoPool, 2),
+	for _, cl := range []*poolv1.Claim{
+		poolv1.NewClaim(d.ns, "alpha", demoPool, 2),
+		poolv1.NewClaim(d.ns, "beta", demoPool, 1),
+		poolv1.NewClaim(d.ns, "gamma", demoPool, 2),
 	} {
 		if err := d.c.Create(ctx, cl); err != nil {
 			return fmt.Errorf("create claim %s/%s: %w", d.ns, cl.Name, err)
@@ -174,7 +175,7 @@ func (d *demo) steps(ctx context.Context) error {
 	}
 
 	d.say("alpha scales up to 3")
-	if err := d.edit(ctx, "alpha", func(cl *testenv.Claim) { cl.Spec.Replicas = 3 }); err != nil {
+	if err := d.edit(ctx, "alpha", func(cl *poolv1.Claim) { cl.Spec.Replicas = 3 }); err != nil {
 		return err
 	}
 	if err := d.served(ctx); err != nil {
@@ -205,7 +206,7 @@ func (d *demo) steps(ctx context.Context) error {
 	}
 
 	d.say("gamma is deleted: its pods are deleted, then its finalizer goes")
-	if err := d.c.Delete(ctx, testenv.NewClaim(d.ns, "gamma", demoPool, 0)); err != nil {
+	if err := d.c.Delete(ctx, poolv1.NewClaim(d.ns, "gamma", demoPool, 0)); err != nil {
 		return fmt.Errorf("delete claim %s/gamma: %w", d.ns, err)
 	}
 	if err := d.served(ctx); err != nil {
@@ -213,7 +214,7 @@ func (d *demo) steps(ctx context.Context) error {
 	}
 
 	d.say("delta wants 3 pods of class large, all at once (a gang): the operator makes 3 large pods, and delta gets them in one hand-out")
-	delta := testenv.NewClaim(d.ns, "delta", demoPool, 3)
+	delta := poolv1.NewClaim(d.ns, "delta", demoPool, 3)
 	delta.Spec.Class, delta.Spec.Gang = "large", true
 	if err := d.c.Create(ctx, delta); err != nil {
 		return fmt.Errorf("create claim %s/delta: %w", d.ns, err)
@@ -223,8 +224,8 @@ func (d *demo) steps(ctx context.Context) error {
 	}
 
 	d.say("epsilon wants 3 pods spread over zones, at most one more in a zone than in any other")
-	epsilon := testenv.NewClaim(d.ns, "epsilon", demoPool, 3)
-	epsilon.Spec.Topology = &testenv.ClaimTopology{Mode: "Spread", Key: allocator.ZoneLabel, MaxSkew: 1}
+	epsilon := poolv1.NewClaim(d.ns, "epsilon", demoPool, 3)
+	epsilon.Spec.Topology = &poolv1.ClaimTopology{Mode: "Spread", Key: allocator.ZoneLabel, MaxSkew: 1}
 	if err := d.c.Create(ctx, epsilon); err != nil {
 		return fmt.Errorf("create claim %s/epsilon: %w", d.ns, err)
 	}
@@ -236,7 +237,7 @@ func (d *demo) steps(ctx context.Context) error {
 	}
 
 	d.say("pool %s scales down to 2: the idle pods beyond what the claims hold are deleted", demoPool)
-	pool := testenv.NewPool(d.ns, demoPool, 0)
+	pool := poolv1.NewPool(d.ns, demoPool, 0)
 	patch := []byte(`{"spec":{"replicas":2}}`)
 	if err := d.c.Patch(ctx, pool, client.RawPatch("application/merge-patch+json", patch)); err != nil {
 		return fmt.Errorf("scale pool %s/%s: %w", d.ns, demoPool, err)
@@ -268,8 +269,8 @@ func (d *demo) zones(ctx context.Context, claim string) error {
 
 // edit changes a claim with a merge patch (the allocator's annotations and
 // finalizer are left as they are).
-func (d *demo) edit(ctx context.Context, name string, change func(*testenv.Claim)) error {
-	var cl testenv.Claim
+func (d *demo) edit(ctx context.Context, name string, change func(*poolv1.Claim)) error {
+	var cl poolv1.Claim
 	if err := d.c.Get(ctx, client.ObjectKey{Namespace: d.ns, Name: name}, &cl); err != nil {
 		return fmt.Errorf("claim %s/%s: %w", d.ns, name, err)
 	}
@@ -288,7 +289,7 @@ func (d *demo) release(ctx context.Context, claim, pod string, replicas int32) e
 	if err != nil {
 		return err
 	}
-	return d.edit(ctx, claim, func(cl *testenv.Claim) {
+	return d.edit(ctx, claim, func(cl *poolv1.Claim) {
 		if cl.Annotations == nil {
 			cl.Annotations = map[string]string{}
 		}
@@ -350,7 +351,7 @@ func (d *demo) served(ctx context.Context) error {
 func (d *demo) clearReleased(ctx context.Context, v view) error {
 	for _, c := range v.claims {
 		if len(c.release) > 0 && !c.deleting && subset(c.release, c.released) {
-			if err := d.edit(ctx, c.name, func(cl *testenv.Claim) { delete(cl.Annotations, syncer.DefaultKeys().Release) }); err != nil {
+			if err := d.edit(ctx, c.name, func(cl *poolv1.Claim) { delete(cl.Annotations, syncer.DefaultKeys().Release) }); err != nil {
 				return err
 			}
 		}
@@ -384,17 +385,17 @@ type claimView struct {
 
 func (d *demo) view(ctx context.Context) (view, error) {
 	var v view
-	pool := testenv.NewPool(d.ns, demoPool, 0)
+	pool := poolv1.NewPool(d.ns, demoPool, 0)
 	if err := d.c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
 		return v, fmt.Errorf("pool %s/%s: %w", d.ns, demoPool, err)
 	}
 	v.replicas, _, _ = unstructured.NestedInt64(pool.Object, "spec", "replicas")
-	pods, err := testenv.ListPods(ctx, d.c, d.ns, demoPool)
-	if err != nil {
-		return v, err
+	var pods corev1.PodList
+	if err := d.c.List(ctx, &pods, client.InNamespace(d.ns), client.MatchingLabels{PoolLabel: demoPool}); err != nil {
+		return v, fmt.Errorf("list pods of pool %s/%s: %w", d.ns, demoPool, err)
 	}
-	v.pods = pods
-	var claims testenv.ClaimList
+	v.pods = pods.Items
+	var claims poolv1.ClaimList
 	if err := d.c.List(ctx, &claims, client.InNamespace(d.ns)); err != nil {
 		return v, fmt.Errorf("list claims of %s: %w", d.ns, err)
 	}
@@ -467,7 +468,7 @@ func (d *demo) print(v view) {
 	for i := range v.pods {
 		switch p := &v.pods[i]; {
 		case !podLive(p):
-		case !testenv.IsPodReady(p):
+		case !allocator.PodReady(p):
 			starting++
 		case holder[p.Name] == "":
 			idle++

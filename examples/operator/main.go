@@ -9,23 +9,36 @@
 //	go run ./examples/operator                       # embedded API server and a demo
 //	KUBECONFIG=~/.kube/config go run ./examples/operator -leader-election-namespace poolalloc-system
 //
-// Its API is the test CRDs of internal/testenv (group test.poolalloc.io/v1):
-// a Pool keeps at least spec.replicas pods and grows to serve its claims; a
-// Claim names its pool in spec.poolRef and wants spec.replicas pods (higher
-// spec.priority first when the pool is short); a claim's owner gives pods
-// back through the release annotation (syncer.DefaultKeys().Release). The
-// pool's pods are labelled poolalloc.io/test-pool=<pool> and owned by it.
-// operator.go holds the operator (Setup); replace the CRDs and the pod
-// template (newPod) with yours.
+// Its API is package api/v1 (group test.poolalloc.io/v1), served by the
+// CRDs in config/crd: a Pool keeps at least spec.replicas pods and grows to
+// serve its claims; a Claim names its pool in spec.poolRef and wants
+// spec.replicas pods (higher spec.priority first when the pool is short); a
+// claim's owner gives pods back through the release annotation
+// (syncer.DefaultKeys().Release). The pool's pods are labelled
+// poolalloc.io/test-pool=<pool> and owned by it. operator.go holds the
+// operator (Setup); replace the API and the pod template (newPod) with
+// yours. config/rbac is the RBAC it needs, and no more (rbac_test.go runs
+// it as a ServiceAccount bound to those rules only):
 //
-// Without KUBECONFIG it starts an embedded kube-apiserver and etcd (see
-// internal/testenv; the binaries are built once and cached), creates a
-// namespace for its leader election lease and a demo namespace, and runs,
-// beside the operator, a fake kubelet (kubelet.go: nothing else would make
-// pods Ready) and a demo (demo.go) that creates a Pool and Claims, changes
-// them over time and prints who holds what, for -demo-duration. With
-// KUBECONFIG it creates nothing: the CRDs must be installed, and it runs
-// the operator until SIGTERM or Ctrl-C.
+//	kubectl apply -k examples/operator/config   # CRDs, namespace poolalloc-system, ServiceAccount, RBAC
+//
+// Without KUBECONFIG it starts an embedded kube-apiserver and etcd
+// (embedded.go, through controller-runtime's envtest; the binaries come
+// from KUBEBUILDER_ASSETS, else from setup-envtest's store, else, inside
+// the poolalloc repository, from its test harness, built once and cached),
+// creates a namespace for its leader election lease and a demo namespace,
+// and runs, beside the operator, a fake kubelet (package fakekubelet:
+// nothing else would make pods Ready) and a demo (demo.go) that creates a
+// Pool and Claims, changes them over time and prints who holds what, for
+// -demo-duration. With KUBECONFIG it creates nothing: the CRDs must be
+// installed, and it runs the operator until SIGTERM or Ctrl-C.
+//
+// Fork it: copy this directory into your module, replace the import path
+// github.com/poolalloc/poolalloc/examples/operator with your own, rename
+// the API, and run go test ./... with KUBEBUILDER_ASSETS set (or after
+// setup-envtest use 1.37.2); nothing here imports poolalloc's internal
+// packages, and fork_test.go checks that a copy builds and passes its
+// tests outside this repository.
 //
 // Flags:
 //

@@ -17,7 +17,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 )
 
 // The command is tested as a user runs it: built, started as a process,
@@ -100,15 +100,15 @@ func (c *command) wait(t *testing.T, timeout time.Duration) int {
 // and exits 0.
 func TestKubeconfigMode(t *testing.T) {
 	ctx := t.Context()
-	ns := env.Namespace(ctx, t)
+	ns := env.namespace(ctx, t)
 	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
 	h.startKubelet()
 	op := start(t, writeKubeconfig(t),
 		"-namespace", ns, "-leader-election-namespace", ns, "-leader-election-id", "op-test",
 		"-metrics-bind-address", "0", "-health-probe-bind-address", "0")
 
-	require.NoError(t, h.c.Create(ctx, testenv.NewPool(ns, h.pool, 1)))
-	require.NoError(t, h.c.Create(ctx, testenv.NewClaim(ns, "a", h.pool, 2)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewPool(ns, h.pool, 1)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewClaim(ns, "a", h.pool, 2)))
 	h.eventually("claim served", func(s snap) bool { return s.served() && s.live() == 2 })
 	var lease coordinationv1.Lease
 	require.NoError(t, h.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "op-test"}, &lease))

@@ -38,22 +38,23 @@ import (
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/allocator/follow"
 	"github.com/poolalloc/poolalloc/allocator/sharding"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
-// The operator's API. A Pool (pools.test.poolalloc.io, no Go type: read as
-// unstructured) keeps at least spec.replicas pods and grows to serve its
-// claims; a Claim (claims.test.poolalloc.io, typed) names its pool in
-// spec.poolRef and wants spec.replicas pods, spec.priority breaking ties
-// when the pool is short. A claim may also place its pods (spec.selector,
+// The operator's API (package api/v1, CRDs in config/crd). A Pool
+// (pools.test.poolalloc.io, no Go type: read as unstructured) keeps at
+// least spec.replicas pods and grows to serve its claims; a Claim
+// (claims.test.poolalloc.io, typed) names its pool in spec.poolRef and
+// wants spec.replicas pods, spec.priority breaking ties when the pool is
+// short. A claim may also place its pods (spec.selector,
 // spec.class, spec.topology, spec.gang; see claimPlacement). A pool's pods
 // are the pods of its namespace labelled PoolLabel=<pool name>; a pod made
 // for a class is labelled ClassLabel=<class>. Fork: replace these with your
 // own types.
 const (
 	// PoolLabel names a pod's pool.
-	PoolLabel = testenv.PoolLabel
+	PoolLabel = poolv1.PoolLabel
 	// ClassLabel names the class (the pod template) a pod was made for.
 	ClassLabel = "poolalloc.io/class"
 	// ManagedByLabel marks the pods this operator created.
@@ -74,6 +75,9 @@ const (
 // Defaults of Options.
 const (
 	DefaultResync = 30 * time.Second
+	// DefaultPodImage is the image of the pods the operator creates
+	// unless Options.PodImage names another: the pause image.
+	DefaultPodImage = "registry.k8s.io/pause:3.10"
 	// busyRequeue is how soon a pool that is waiting for something (pods
 	// starting, pods being recycled, its cache catching up with our own
 	// writes) is looked at again, whatever events arrive.
@@ -94,8 +98,8 @@ type Options struct {
 	// follow.DefaultResync. It bounds how long an event the cache lost
 	// goes unnoticed.
 	FullResync time.Duration
-	// PodImage is the image of the pods the operator creates; default the
-	// pause image (testenv.PodImage).
+	// PodImage is the image of the pods the operator creates; default
+	// DefaultPodImage.
 	PodImage string
 	// MaxConcurrentReconciles is how many pools are reconciled at once
 	// (rounds of different pools run in parallel); default 2.
@@ -113,15 +117,15 @@ type Options struct {
 }
 
 // NewScheme returns the scheme the operator's manager needs: the core
-// types (pods, events) and the test CRDs' typed Claim. Pool has no Go type
-// and is read as unstructured.
+// types (pods, events) and the API's typed Claim (api/v1). Pool has no Go
+// type and is read as unstructured.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
 		return nil, fmt.Errorf("scheme: core/v1: %w", err)
 	}
-	if err := testenv.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("scheme: %s: %w", testenv.GroupVersion, err)
+	if err := poolv1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("scheme: %s: %w", poolv1.GroupVersion, err)
 	}
 	return s, nil
 }
@@ -200,7 +204,7 @@ func NewManager(cfg *rest.Config, mc ManagerConfig) (ctrl.Manager, error) {
 // newPoolObject returns an empty Pool to read into.
 func newPoolObject() *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(testenv.PoolGVK)
+	u.SetGroupVersionKind(poolv1.PoolGVK)
 	return u
 }
 
@@ -213,21 +217,21 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts.Resync = DefaultResync
 	}
 	if opts.PodImage == "" {
-		opts.PodImage = testenv.PodImage
+		opts.PodImage = DefaultPodImage
 	}
 	if opts.MaxConcurrentReconciles <= 0 {
 		opts.MaxConcurrentReconciles = 2
 	}
 	for _, gvk := range []struct{ kind, plural string }{{"Pool", "pools"}, {"Claim", "claims"}} {
-		gk := testenv.GroupVersion.WithKind(gvk.kind).GroupKind()
-		if _, err := mgr.GetRESTMapper().RESTMapping(gk, testenv.Version); err != nil {
-			return fmt.Errorf("CRD %s.%s is not served (install it first): %w", gvk.plural, testenv.Group, err)
+		gk := poolv1.GroupVersion.WithKind(gvk.kind).GroupKind()
+		if _, err := mgr.GetRESTMapper().RESTMapping(gk, poolv1.Version); err != nil {
+			return fmt.Errorf("CRD %s.%s is not served (install it first): %w", gvk.plural, poolv1.Group, err)
 		}
 	}
 
 	ctx := context.Background() // IndexField only uses it to start informers lazily
-	err := mgr.GetFieldIndexer().IndexField(ctx, &testenv.Claim{}, claimPoolIndex, func(o client.Object) []string {
-		if c, ok := o.(*testenv.Claim); ok && c.Spec.PoolRef != "" {
+	err := mgr.GetFieldIndexer().IndexField(ctx, &poolv1.Claim{}, claimPoolIndex, func(o client.Object) []string {
+		if c, ok := o.(*poolv1.Claim); ok && c.Spec.PoolRef != "" {
 			return []string{c.Spec.PoolRef}
 		}
 		return nil
@@ -252,7 +256,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	alloc, err := allocator.New(mgr.GetClient(),
 		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
 		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
-		allocator.WithClaimType(&testenv.Claim{}),
+		allocator.WithClaimType(&poolv1.Claim{}),
 		allocator.WithClaimPool(claimPool),
 		allocator.WithMetrics(reg),
 		// Allocated, Released and warnings on the claims, rate-limited.
@@ -299,7 +303,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Named("pool").
 		// Our own status writes change no generation: they do not wake us.
 		For(newPoolObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&testenv.Claim{}, r.follow.ClaimEvents()).
+		Watches(&poolv1.Claim{}, r.follow.ClaimEvents()).
 		Watches(&corev1.Pod{}, indexedPods(r.pods, r.follow.PodEvents())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
 		Complete(r)
@@ -318,7 +322,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 // listPools returns every Pool the cache holds.
 func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, error) {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(testenv.PoolGVK.GroupVersion().WithKind(testenv.PoolGVK.Kind + "List"))
+	list.SetGroupVersionKind(poolv1.PoolGVK.GroupVersion().WithKind(poolv1.PoolGVK.Kind + "List"))
 	if err := c.List(ctx, list); err != nil {
 		return nil, fmt.Errorf("list pools: %w", err)
 	}
@@ -335,7 +339,7 @@ func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, er
 func claimPool(o client.Object) types.NamespacedName {
 	name := ""
 	switch c := o.(type) {
-	case *testenv.Claim:
+	case *poolv1.Claim:
 		name = c.Spec.PoolRef
 	case *unstructured.Unstructured:
 		name, _, _ = unstructured.NestedString(c.Object, "spec", "poolRef")
@@ -373,7 +377,7 @@ func (r *poolReconciler) list(ctx context.Context, poolName types.NamespacedName
 	if err := r.client.List(ctx, &pods, client.InNamespace(poolName.Namespace), client.MatchingFields{podPoolIndex: poolName.Name}); err != nil {
 		return in, fmt.Errorf("pool %s: list pods: %w", poolName, err)
 	}
-	var claims testenv.ClaimList
+	var claims poolv1.ClaimList
 	if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
 		return in, fmt.Errorf("pool %s: list claims: %w", poolName, err)
 	}
@@ -390,7 +394,7 @@ func (r *poolReconciler) list(ctx context.Context, poolName types.NamespacedName
 // claim is what a claim asks of its pool: spec.replicas pods (none when
 // the pool is gone or being deleted), spec.priority, its placement.
 func (r *poolReconciler) claim(o client.Object) allocator.Claim {
-	c, ok := o.(*testenv.Claim)
+	c, ok := o.(*poolv1.Claim)
 	if !ok {
 		return allocator.Claim{Object: o}
 	}
@@ -454,7 +458,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	waiting := r.expected.observe(poolName, func(name string) bool { return r.pods.has(poolName, name) }, time.Now())
 	if gone {
 		if counts.pods == 0 {
-			var claims testenv.ClaimList
+			var claims poolv1.ClaimList
 			if err := r.client.List(ctx, &claims, client.InNamespace(poolName.Namespace), client.MatchingFields{claimPoolIndex: poolName.Name}); err != nil {
 				return ctrl.Result{}, fmt.Errorf("pool %s: list claims: %w", poolName, err)
 			}
@@ -534,7 +538,7 @@ func replicasOf(pool *unstructured.Unstructured) int {
 // as written, and its class, which also selects the pods made for it
 // (ClassLabel=<class>), so that the pods this operator creates for a
 // class's shortfall (size) are the ones that serve it.
-func claimPlacement(spec testenv.ClaimSpec) algorithm.Placement {
+func claimPlacement(spec poolv1.ClaimSpec) algorithm.Placement {
 	pl := spec.Placement()
 	if spec.Class != "" {
 		sel := labels.Set{ClassLabel: spec.Class}
@@ -548,7 +552,7 @@ func claimPlacement(spec testenv.ClaimSpec) algorithm.Placement {
 
 // hasAllocationFinalizer reports whether the allocator's finalizer is on
 // the claim: it may hold pods.
-func hasAllocationFinalizer(c testenv.Claim) bool {
+func hasAllocationFinalizer(c poolv1.Claim) bool {
 	return controllerutil.ContainsFinalizer(&c, syncer.DefaultKeys().Finalizer)
 }
 

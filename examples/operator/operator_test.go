@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,24 +23,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/poolalloc/poolalloc/allocator"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 	"github.com/poolalloc/poolalloc/syncer"
 )
-
-var env *testenv.Env
-
-func TestMain(m *testing.M) {
-	ctrllog.SetLogger(logr.Discard()) // envtest logs through it; each manager has its own
-	code := testenv.Main(m, &env)
-	if build.bin != "" {
-		_ = os.RemoveAll(filepath.Dir(build.bin))
-	}
-	os.Exit(code)
-}
 
 // Timeouts of the test's waits. They are generous: the machine may be
 // shared; a passing run takes a fraction.
@@ -59,7 +46,7 @@ const (
 // holds what it wants. After every poll, no pod is in two claims' records.
 func TestOperator(t *testing.T) {
 	ctx := t.Context()
-	ns := env.Namespace(ctx, t)
+	ns := env.namespace(ctx, t)
 	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
@@ -70,9 +57,9 @@ func TestOperator(t *testing.T) {
 	stop := h.startOperator()
 
 	// A pool of 6 and claims wanting 2+1+2: all served, one pod idle.
-	require.NoError(t, h.c.Create(ctx, testenv.NewPool(ns, h.pool, 6)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewPool(ns, h.pool, 6)))
 	for name, want := range map[string]int32{"a": 2, "b": 1, "c": 2} {
-		require.NoError(t, h.c.Create(ctx, testenv.NewClaim(ns, name, h.pool, want)))
+		require.NoError(t, h.c.Create(ctx, poolv1.NewClaim(ns, name, h.pool, want)))
 	}
 	s := h.eventually("claims served, pool of 6", func(s snap) bool { return s.served() && s.live() == 6 })
 	before := s.podUIDs()
@@ -113,14 +100,14 @@ func TestOperator(t *testing.T) {
 	// d wants more than the pool has idle: new pods are created for it.
 	// The operator is killed while it serves d, and while it is down b
 	// scales up and a swaps its pod (release, same want).
-	d := testenv.NewClaim(ns, "d", h.pool, 6)
+	d := poolv1.NewClaim(ns, "d", h.pool, 6)
 	d.Spec.Priority = 5
 	require.NoError(t, h.c.Create(ctx, d))
 	h.eventually("d served in part", func(s snap) bool { return len(s.held["d"]) > 0 })
 	stop()
 	s = h.read(t)
 	t.Logf("killed with d holding %d of 6 pods", len(s.held["d"]))
-	h.edit("b", func(cl *testenv.Claim) { cl.Spec.Replicas = 2 })
+	h.edit("b", func(cl *poolv1.Claim) { cl.Spec.Replicas = 2 })
 	h.release("a", s.held["a"][0], 1)
 
 	h.startOperator()
@@ -165,10 +152,10 @@ type harness struct {
 
 // startKubelet runs the fake kubelet on the test's namespace until the
 // test ends.
-func (h *harness) startKubelet() *FakeKubelet {
+func (h *harness) startKubelet() *fakekubelet.Kubelet {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	k := &FakeKubelet{Client: h.c, Namespace: h.ns, Interval: 100 * time.Millisecond, StartDelay: 500 * time.Millisecond}
+	k := &fakekubelet.Kubelet{Client: h.c, Namespace: h.ns, Interval: 100 * time.Millisecond, StartDelay: 500 * time.Millisecond}
 	go func() { done <- k.Run(ctx) }()
 	h.t.Cleanup(func() {
 		cancel()
@@ -222,7 +209,7 @@ func (h *harness) startOperator() (stop func()) {
 // snap is the test namespace as the API server shows it: claims, their
 // records, and the pool's pods, by name.
 type snap struct {
-	claims                  map[string]testenv.Claim
+	claims                  map[string]poolv1.Claim
 	held, release, released map[string][]string
 	pods                    map[string]corev1.Pod
 }
@@ -236,9 +223,9 @@ func (h *harness) read(t require.TestingT) snap {
 }
 
 func (h *harness) tryRead() (snap, error) {
-	s := snap{claims: map[string]testenv.Claim{}, held: map[string][]string{}, release: map[string][]string{},
+	s := snap{claims: map[string]poolv1.Claim{}, held: map[string][]string{}, release: map[string][]string{},
 		released: map[string][]string{}, pods: map[string]corev1.Pod{}}
-	var claims testenv.ClaimList
+	var claims poolv1.ClaimList
 	if err := h.c.List(h.ctx, &claims, client.InNamespace(h.ns)); err != nil {
 		return s, err
 	}
@@ -254,11 +241,11 @@ func (h *harness) tryRead() (snap, error) {
 		s.claims[cl.Name] = cl
 		s.held[cl.Name], s.release[cl.Name], s.released[cl.Name] = rec.Held(), rec.Release, rec.Released
 	}
-	pods, err := testenv.ListPods(h.ctx, h.c, h.ns, h.pool)
-	if err != nil {
+	var pods corev1.PodList
+	if err := h.c.List(h.ctx, &pods, client.InNamespace(h.ns), client.MatchingLabels{PoolLabel: h.pool}); err != nil {
 		return s, err
 	}
-	for _, p := range pods {
+	for _, p := range pods.Items {
 		s.pods[p.Name] = p
 	}
 	return s, nil
@@ -379,9 +366,9 @@ func (h *harness) noViolations() {
 }
 
 // edit changes a claim with a merge patch, as its owner would.
-func (h *harness) edit(name string, change func(*testenv.Claim)) {
+func (h *harness) edit(name string, change func(*poolv1.Claim)) {
 	h.t.Helper()
-	var cl testenv.Claim
+	var cl poolv1.Claim
 	require.NoError(h.t, h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name}, &cl))
 	orig := cl.DeepCopy()
 	change(&cl)
@@ -393,7 +380,7 @@ func (h *harness) release(name, pod string, replicas int32) {
 	h.t.Helper()
 	value, err := syncer.EncodePods([]string{pod})
 	require.NoError(h.t, err)
-	h.edit(name, func(cl *testenv.Claim) {
+	h.edit(name, func(cl *poolv1.Claim) {
 		if cl.Annotations == nil {
 			cl.Annotations = map[string]string{}
 		}
@@ -406,7 +393,7 @@ func (h *harness) release(name, pod string, replicas int32) {
 // as the owner's protocol asks.
 func (h *harness) clearRelease(name string) {
 	h.t.Helper()
-	h.edit(name, func(cl *testenv.Claim) { delete(cl.Annotations, syncer.DefaultKeys().Release) })
+	h.edit(name, func(cl *poolv1.Claim) { delete(cl.Annotations, syncer.DefaultKeys().Release) })
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.
@@ -434,7 +421,7 @@ func (b *syncBuffer) String() string {
 // a Warning event on the claim.
 func TestPoolDeletedAndRecreated(t *testing.T) {
 	ctx := t.Context()
-	ns := env.Namespace(ctx, t)
+	ns := env.namespace(ctx, t)
 	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
@@ -444,12 +431,12 @@ func TestPoolDeletedAndRecreated(t *testing.T) {
 	h.startKubelet()
 	h.startOperator()
 
-	require.NoError(t, h.c.Create(ctx, testenv.NewPool(ns, h.pool, 3)))
-	require.NoError(t, h.c.Create(ctx, testenv.NewClaim(ns, "a", h.pool, 2)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewPool(ns, h.pool, 3)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewClaim(ns, "a", h.pool, 2)))
 	s := h.eventually("claim served", func(s snap) bool { return s.served() && s.live() == 3 })
 	before := s.podUIDs()
 
-	h.edit("a", func(cl *testenv.Claim) {
+	h.edit("a", func(cl *poolv1.Claim) {
 		if cl.Annotations == nil {
 			cl.Annotations = map[string]string{}
 		}
@@ -466,12 +453,12 @@ func TestPoolDeletedAndRecreated(t *testing.T) {
 	}, waitFor, pollEach, "a Warning event on claim a")
 	h.clearRelease("a")
 
-	require.NoError(t, h.c.Delete(ctx, testenv.NewPool(ns, h.pool, 0)))
+	require.NoError(t, h.c.Delete(ctx, poolv1.NewPool(ns, h.pool, 0)))
 	h.eventually("pool's pods taken back and deleted", func(s snap) bool {
 		return len(s.pods) == 0 && len(s.held["a"]) == 0
 	})
 
-	require.NoError(t, h.c.Create(ctx, testenv.NewPool(ns, h.pool, 2)))
+	require.NoError(t, h.c.Create(ctx, poolv1.NewPool(ns, h.pool, 2)))
 	s = h.eventually("claim served by the new pool", func(s snap) bool { return s.served() && s.live() == 2 })
 	for _, p := range s.held["a"] {
 		require.False(t, before[s.pods[p].UID], "pod %s is new", p)

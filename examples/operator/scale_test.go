@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"os"
@@ -28,8 +29,8 @@ import (
 
 	"k8s.io/utils/ptr"
 
-	"github.com/poolalloc/poolalloc/internal/parallel"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 )
 
 // burstClaims is the size of BenchmarkOperatorBurst's burst.
@@ -158,7 +159,7 @@ func cpuTime() time.Duration {
 func burst(b *testing.B, pods int) {
 	b.StopTimer()
 	ctx := b.Context()
-	ns := env.Namespace(ctx, b)
+	ns := env.namespace(ctx, b)
 	const pool = "p"
 	runtime.GC()
 	heap := startHeapPeak()
@@ -168,19 +169,19 @@ func burst(b *testing.B, pods int) {
 			b.Fatalf("%s: %v", what, err)
 		}
 	}
-	err := parallel.Do(ctx, pods, 32, func(ctx context.Context, i int) error {
+	err := inParallel(ctx, pods, 32, func(ctx context.Context, i int) error {
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool + "-" + strconv.Itoa(i),
 				Labels: map[string]string{PoolLabel: pool, ManagedByLabel: ManagedBy}},
-			Spec: corev1.PodSpec{NodeName: "node-" + strconv.Itoa(i%50), Containers: []corev1.Container{{Name: "sandbox", Image: testenv.PodImage}}},
+			Spec: corev1.PodSpec{NodeName: "node-" + strconv.Itoa(i%50), Containers: []corev1.Container{{Name: "sandbox", Image: DefaultPodImage}}},
 		}
 		if err := env.Client.Create(ctx, pod); err != nil {
 			return err
 		}
-		return testenv.SetPodReady(ctx, env.Client, pod, true)
+		return fakekubelet.SetPodReady(ctx, env.Client, pod, true)
 	})
 	require(err, "create pods")
-	require(env.Client.Create(ctx, testenv.NewPool(ns, pool, int64(pods))), "create pool")
+	require(env.Client.Create(ctx, poolv1.NewPool(ns, pool, int64(pods))), "create pool")
 
 	// The operator, its writes counted.
 	writes := &writeCounter{counts: map[string]int{}}
@@ -222,8 +223,8 @@ func burst(b *testing.B, pods int) {
 	cpu0 := cpuTime()
 	start := time.Now()
 	b.StartTimer()
-	err = parallel.Do(ctx, burstClaims, 16, func(ctx context.Context, i int) error {
-		return env.Client.Create(ctx, testenv.NewClaim(ns, "c-"+strconv.Itoa(i), pool, 1))
+	err = inParallel(ctx, burstClaims, 16, func(ctx context.Context, i int) error {
+		return env.Client.Create(ctx, poolv1.NewClaim(ns, "c-"+strconv.Itoa(i), pool, 1))
 	})
 	require(err, "create claims")
 	waitUntil(b, 5*time.Minute, "every claim served", func() bool {
@@ -309,4 +310,25 @@ func waitUntil(b *testing.B, limit time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// inParallel calls f for 0..n-1 on width goroutines and returns the
+// errors joined.
+func inParallel(ctx context.Context, n, width int, f func(context.Context, int) error) error {
+	next := make(chan int)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for range width {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = f(ctx, i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -20,7 +20,8 @@ import (
 
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/allocator/sharding"
-	"github.com/poolalloc/poolalloc/internal/testenv"
+	poolv1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -87,26 +88,26 @@ func (r *shardReplica) crash(t *testing.T) {
 // claims, and every claim is served after each change.
 func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	ctx := context.Background()
-	leaseNS := env.Namespace(ctx, t)
+	leaseNS := env.namespace(ctx, t)
 	var namespaces []string
 	for range 3 {
-		namespaces = append(namespaces, env.Namespace(ctx, t))
+		namespaces = append(namespaces, env.namespace(ctx, t))
 	}
 	type claimKey struct{ ns, name string }
 	claims := map[claimKey]int32{}
 	for i := range 30 {
 		ns := namespaces[i%3]
 		pool := fmt.Sprintf("pool-%d", i)
-		require.NoError(t, env.Client.Create(ctx, testenv.NewPool(ns, pool, 1)))
+		require.NoError(t, env.Client.Create(ctx, poolv1.NewPool(ns, pool, 1)))
 		for j := range 2 {
 			name := fmt.Sprintf("%s-c%d", pool, j)
-			require.NoError(t, env.Client.Create(ctx, testenv.NewClaim(ns, name, pool, 1)))
+			require.NoError(t, env.Client.Create(ctx, poolv1.NewClaim(ns, name, pool, 1)))
 			claims[claimKey{ns, name}] = 1
 		}
 	}
 	for _, ns := range namespaces {
 		kctx, cancel := context.WithCancel(context.Background())
-		k := &FakeKubelet{Client: env.Client, Namespace: ns, Interval: 100 * time.Millisecond, StartDelay: 200 * time.Millisecond}
+		k := &fakekubelet.Kubelet{Client: env.Client, Namespace: ns, Interval: 100 * time.Millisecond, StartDelay: 200 * time.Millisecond}
 		done := make(chan error, 1)
 		go func() { done <- k.Run(kctx) }()
 		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
@@ -137,7 +138,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	read := func(sampling bool) (map[claimKey][]string, error) {
 		held := map[claimKey][]string{}
 		for _, ns := range namespaces {
-			var list testenv.ClaimList
+			var list poolv1.ClaimList
 			if err := env.Client.List(sctx, &list, client.InNamespace(ns)); err != nil {
 				return nil, err
 			}
@@ -149,7 +150,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 			}
 			// markedFor reports whether pod p is live and its mark names
 			// the claim (name/uid): a pod the claim holds, by its mark.
-			markedFor := func(p string, cl *testenv.Claim) bool {
+			markedFor := func(p string, cl *poolv1.Claim) bool {
 				for i := range pods.Items {
 					if pd := &pods.Items[i]; pd.Name == p {
 						return podLive(pd) && pd.Annotations[allocator.DefaultPodMarkKey] == cl.Name+"/"+string(cl.UID)
@@ -218,7 +219,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 		t.Helper()
 		for k := range claims {
 			if len(k.name)%2 == 0 || k.name[len(k.name)-1] == '0' { // about half of them
-				var cl testenv.Claim
+				var cl poolv1.Claim
 				require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
 				cl.Spec.Replicas = n
 				require.NoError(t, env.Client.Update(ctx, &cl))
@@ -262,14 +263,14 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 		n++
 		switch {
 		case n%5 == 0:
-			var cl testenv.Claim
+			var cl poolv1.Claim
 			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
 			require.NoError(t, env.Client.Delete(ctx, &cl))
 			delete(claims, k)
 			deleted++
 		case n%5 == 2 && len(held[k]) == int(want) && want > 0:
 			// A swap: the owner gives a pod back and keeps its want.
-			var cl testenv.Claim
+			var cl poolv1.Claim
 			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
 			v, err := syncer.EncodePods(held[k][:1])
 			require.NoError(t, err)
@@ -280,7 +281,7 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 			require.NoError(t, env.Client.Update(ctx, &cl))
 			swapped++
 		case n%5 == 1 && want == 2 && len(held[k]) == 2:
-			var cl testenv.Claim
+			var cl poolv1.Claim
 			require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: k.name}, &cl))
 			v, err := syncer.EncodePods(held[k][:1])
 			require.NoError(t, err)

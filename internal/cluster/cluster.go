@@ -74,7 +74,11 @@ func Connect(ctx context.Context) (Conn, error) {
 		}
 		return errors.Join(errs...)
 	}
-	for _, crd := range testenv.CRDs() {
+	crds, err := testenv.CRDs()
+	if err != nil {
+		return Conn{}, err
+	}
+	for _, crd := range crds {
 		switch err := c.Create(ctx, crd); {
 		case err == nil:
 			installed = append(installed, crd)

@@ -15,19 +15,22 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/poolalloc/poolalloc/examples/operator/envtestbin"
 )
 
 // Versions of the binaries Assets provides. They must match the tool modules
-// under tools/.
+// under tools/. KubeVersion is the operator example's (envtestbin), the
+// version it looks for in setup-envtest's store too.
 const (
-	KubeVersion = "v1.37.2"
+	KubeVersion = envtestbin.KubeVersion
 	EtcdVersion = "v3.7.3"
 )
 
 // EnvAssets is the environment variable that, when set, names a directory
 // holding kube-apiserver and etcd; Assets then uses it as is and builds
 // nothing. It is the variable controller-runtime's envtest reads too.
-const EnvAssets = "KUBEBUILDER_ASSETS"
+const EnvAssets = envtestbin.EnvAssets
 
 // EnvCache is the environment variable that, when set, replaces
 // os.UserCacheDir()/poolalloc as the root of the binary cache.
@@ -47,7 +50,7 @@ const progressEvery = 30 * time.Second
 // that cache has no binaries yet, the ones controller-runtime's
 // setup-envtest installed in its default directory are used if they fit
 // (kube-apiserver KubeVersion, etcd 3.5 or a later 3.x; see
-// setupEnvtestAssets). Otherwise missing binaries are built from the Go
+// envtestbin.SetupEnvtest). Otherwise missing binaries are built from the Go
 // module proxy with the go command. The build
 // holds an exclusive lock on a file in the cache directory, so parallel test
 // binaries build once while the others wait; each binary is written to a
@@ -69,6 +72,10 @@ const (
 	fromSetupEnvtest = "setup-envtest"
 	fromBuild        = "built"
 )
+
+// setupEnvtest finds the binaries setup-envtest installed; a variable for
+// tests.
+var setupEnvtest = envtestbin.SetupEnvtest
 
 // assets is Assets, and says where the binaries came from (fromEnv, ...).
 func assets(ctx context.Context, progress io.Writer) (dir, from string, err error) {
@@ -95,10 +102,10 @@ func assets(ctx context.Context, progress io.Writer) (dir, from string, err erro
 		root = filepath.Join(userCache, "poolalloc")
 	}
 	dir = filepath.Join(root, "envtest", key)
-	if haveBinaries(dir) {
+	if envtestbin.HasBinaries(dir) {
 		return dir, fromCache, nil
 	}
-	if found, ok := setupEnvtestAssets(ctx); ok {
+	if found, ok := setupEnvtest(ctx, KubeVersion); ok {
 		return found, fromSetupEnvtest, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -116,7 +123,7 @@ func assets(ctx context.Context, progress io.Writer) (dir, from string, err erro
 		}
 	}
 	for _, b := range builds(tools) {
-		if isExecutable(filepath.Join(dir, b.name)) {
+		if envtestbin.IsExecutable(filepath.Join(dir, b.name)) {
 			continue
 		}
 		if err := build(ctx, dir, b, progress); err != nil {
@@ -124,89 +131,6 @@ func assets(ctx context.Context, progress io.Writer) (dir, from string, err erro
 		}
 	}
 	return dir, fromBuild, nil
-}
-
-// setupEnvtestStore returns the default directory where controller-runtime's
-// setup-envtest keeps binaries: ${XDG_DATA_HOME:-~/.local/share}/kubebuilder-envtest
-// on Linux and other Unixes, ~/Library/Application Support/io.kubebuilder.envtest
-// on macOS, %LocalAppData%\kubebuilder-envtest on Windows.
-func setupEnvtestStore() (string, bool) {
-	switch runtime.GOOS {
-	case "windows":
-		if d := os.Getenv("LocalAppData"); d != "" {
-			return filepath.Join(d, "kubebuilder-envtest"), true
-		}
-		return "", false
-	case "darwin", "ios":
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", false
-		}
-		return filepath.Join(home, "Library", "Application Support", "io.kubebuilder.envtest"), true
-	}
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "kubebuilder-envtest"), true
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", false
-	}
-	return filepath.Join(home, ".local", "share", "kubebuilder-envtest"), true
-}
-
-// setupEnvtestAssets returns the directory of binaries setup-envtest
-// installed for KubeVersion on this platform, if they fit: kube-apiserver
-// reports exactly KubeVersion, and etcd a 3.x version from 3.5 on (what
-// kube-apiserver 1.37 supports). The harness's tests do not depend on the
-// etcd patch version.
-func setupEnvtestAssets(ctx context.Context) (string, bool) {
-	store, ok := setupEnvtestStore()
-	if !ok {
-		return "", false
-	}
-	dir := filepath.Join(store, "k8s", strings.TrimPrefix(KubeVersion, "v")+"-"+runtime.GOOS+"-"+runtime.GOARCH)
-	if !haveBinaries(dir) {
-		return "", false
-	}
-	kube, err := binaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes ")
-	if err != nil || kube != KubeVersion {
-		return "", false
-	}
-	etcd, err := binaryVersion(ctx, filepath.Join(dir, "etcd"), "etcd Version: ")
-	if err != nil || !etcdFits(etcd) {
-		return "", false
-	}
-	return dir, true
-}
-
-// binaryVersion runs bin --version and returns what follows prefix on the
-// first line that starts with it, with a leading "v" added if missing.
-func binaryVersion(ctx context.Context, bin, prefix string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("testenv: %s --version: %w", bin, err)
-	}
-	for line := range strings.Lines(string(out)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			v = strings.TrimSpace(v)
-			if !strings.HasPrefix(v, "v") {
-				v = "v" + v
-			}
-			return v, nil
-		}
-	}
-	return "", fmt.Errorf("testenv: %s --version: no line starting with %q", bin, prefix)
-}
-
-// etcdFits reports whether v (vMAJOR.MINOR.PATCH) is etcd 3.5 or a later 3.x.
-func etcdFits(v string) bool {
-	var major, minor, patch int
-	if n, err := fmt.Sscanf(v, "v%d.%d.%d", &major, &minor, &patch); err != nil || n != 3 {
-		return false
-	}
-	return major == 3 && minor >= 5
 }
 
 // binaryBuild says how to build one binary from its tool module.
@@ -393,7 +317,7 @@ func cacheKey(tools string) (string, error) {
 func goCommand() (string, error) {
 	if root := os.Getenv("GOROOT"); root != "" {
 		p := filepath.Join(root, "bin", "go")
-		if isExecutable(p) {
+		if envtestbin.IsExecutable(p) {
 			return p, nil
 		}
 	}
@@ -402,15 +326,6 @@ func goCommand() (string, error) {
 		return "", fmt.Errorf("testenv: find the go command: %w", err)
 	}
 	return p, nil
-}
-
-func haveBinaries(dir string) bool {
-	return isExecutable(filepath.Join(dir, "kube-apiserver")) && isExecutable(filepath.Join(dir, "etcd"))
-}
-
-func isExecutable(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // tail returns at most the last n bytes of s.

@@ -3,9 +3,6 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -79,60 +76,22 @@ func TestNamePrefix(t *testing.T) {
 	}
 }
 
-// fakeSetupEnvtest installs, under a setup-envtest store in a temporary
-// XDG_DATA_HOME, scripts standing for kube-apiserver and etcd that report
-// the given versions, and returns their directory.
-func fakeSetupEnvtest(t *testing.T, kube, etcd string) string {
-	t.Helper()
-	if runtime.GOOS == "windows" || runtime.GOOS == "darwin" {
-		t.Skip("the fake store uses the XDG layout")
+// When its own cache has no binaries, assets takes those setup-envtest
+// installed for KubeVersion (envtestbin.SetupEnvtest, which checks their
+// versions), and says so.
+func TestAssetsReusesSetupEnvtestBinaries(t *testing.T) {
+	want := t.TempDir()
+	var asked string
+	orig := setupEnvtest
+	t.Cleanup(func() { setupEnvtest = orig })
+	setupEnvtest = func(_ context.Context, kubeVersion string) (string, bool) {
+		asked = kubeVersion
+		return want, true
 	}
-	data := t.TempDir()
-	t.Setenv("XDG_DATA_HOME", data)
-	dir := filepath.Join(data, "kubebuilder-envtest", "k8s", strings.TrimPrefix(KubeVersion, "v")+"-"+runtime.GOOS+"-"+runtime.GOARCH)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, out := range map[string]string{
-		"kube-apiserver": "Kubernetes " + kube,
-		"etcd":           "etcd Version: " + etcd + "\nGit SHA: abc\nGo Version: go1.26",
-	} {
-		script := "#!/bin/sh\nprintf '%s\\n' '" + strings.ReplaceAll(out, "\n", "' '") + "'\n"
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
-func TestAssetsReusesSetupEnvtestBinariesThatFit(t *testing.T) {
-	for _, c := range []struct {
-		name, kube, etcd string
-		fits             bool
-	}{
-		{"same versions", KubeVersion, strings.TrimPrefix(EtcdVersion, "v"), true},
-		{"etcd 3.6", KubeVersion, "3.6.4", true},
-		{"etcd 3.4", KubeVersion, "3.4.30", false},
-		{"etcd 4", KubeVersion, "4.0.0", false},
-		{"another kube-apiserver", "v1.36.2", "3.6.4", false},
-		{"unreadable version", "weird", "3.6.4", false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			want := fakeSetupEnvtest(t, c.kube, c.etcd)
-			dir, ok := setupEnvtestAssets(t.Context())
-			if ok != c.fits || ok && dir != want {
-				t.Fatalf("setupEnvtestAssets = %q, %v; want %q, %v", dir, ok, want, c.fits)
-			}
-			if !c.fits {
-				return
-			}
-			// Assets takes them when its own cache has nothing, and says so.
-			t.Setenv(EnvAssets, "")
-			t.Setenv(EnvCache, t.TempDir())
-			got, from, err := assets(t.Context(), nil)
-			if err != nil || got != want || from != fromSetupEnvtest {
-				t.Fatalf("assets = %q, %q, %v; want %q from setup-envtest", got, from, err, want)
-			}
-		})
+	t.Setenv(EnvAssets, "")
+	t.Setenv(EnvCache, t.TempDir())
+	got, from, err := assets(t.Context(), nil)
+	if err != nil || got != want || from != fromSetupEnvtest || asked != KubeVersion {
+		t.Fatalf("assets = %q, %q, %v (asked for %q); want %q from setup-envtest for %s", got, from, err, asked, want, KubeVersion)
 	}
 }

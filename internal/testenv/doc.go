@@ -5,7 +5,9 @@
 // The binaries are built from the Go module proxy on first use, from the
 // tool modules under tools/ (separate modules, so poolalloc's go.mod never
 // requires the Kubernetes or etcd servers), and cached outside the
-// repository; see Assets. KUBEBUILDER_ASSETS overrides the cache.
+// repository; see Assets. KUBEBUILDER_ASSETS overrides the cache, and
+// binaries setup-envtest installed are used before building
+// (examples/operator/envtestbin, which the operator example shares).
 //
 // Main types and functions:
 //
@@ -13,8 +15,10 @@
 //     Namespace, UserClient (limited RBAC), RestartAPIServer.
 //   - Claim (typed) and NewUnstructuredClaim, NewPool: objects of the test
 //     CRDs, group test.poolalloc.io/v1, kinds Claim (spec.poolRef,
-//     spec.replicas, spec.priority) and Pool (spec.replicas), both with a
-//     free-form status subresource.
+//     spec.replicas, spec.priority, placement) and Pool (spec.replicas),
+//     both with a free-form status subresource. They are the operator
+//     example's API (examples/operator/api/v1, aliased here) and its CRD
+//     YAML (examples/operator/config/crd, which CRDs returns).
 //   - CreatePods, SetPodReady, ListPods: pods bound to fake nodes, made
 //     Ready by writing their status.
 //

@@ -34,6 +34,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/poolalloc/poolalloc/examples/operator/envtestbin"
 )
 
 // Timeouts of the control plane processes. Start waits long because
@@ -115,6 +117,10 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	crds, err := CRDs()
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
+	}
 	// The API server's certificates live in a directory we own, so that
 	// RestartAPIServer brings it back with the same serving certificate.
 	certDir, err := os.MkdirTemp("", "poolalloc-apiserver-")
@@ -129,7 +135,7 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 		env: &envtest.Environment{
 			Scheme:                   scheme,
 			BinaryAssetsDirectory:    dir,
-			CRDs:                     CRDs(),
+			CRDs:                     crds,
 			ErrorIfCRDPathMissing:    true,
 			ControlPlaneStartTimeout: startTimeout,
 			ControlPlaneStopTimeout:  stopTimeout,
@@ -143,7 +149,7 @@ func Start(ctx context.Context, progress io.Writer) (*Env, error) {
 		},
 	}
 	// Alpha since v1.36: sharded list and watch (allocator/sharding).
-	if v, err := binaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes "); err == nil {
+	if v, err := envtestbin.BinaryVersion(ctx, filepath.Join(dir, "kube-apiserver"), "Kubernetes "); err == nil {
 		if parsed, err := version.ParseGeneric(v); err == nil && parsed.AtLeast(version.MajorMinor(1, 36)) {
 			e.env.ControlPlane.APIServer.Configure().Append("feature-gates", "ShardedListAndWatch=true")
 			e.ShardedListAndWatch = true
@@ -179,7 +185,7 @@ const crdCreateDelay = 2 * time.Second
 // them.
 func (e *Env) waitCreatable(ctx context.Context) error {
 	var latest time.Time
-	for _, crd := range CRDs() {
+	for _, crd := range e.env.CRDs {
 		var got apiextensionsv1.CustomResourceDefinition
 		if err := e.Client.Get(ctx, client.ObjectKeyFromObject(crd), &got); err != nil {
 			return fmt.Errorf("testenv: get CRD %s: %w", crd.Name, err)

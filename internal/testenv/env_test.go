@@ -282,25 +282,6 @@ func TestClaimRoundTrip(t *testing.T) {
 	}
 }
 
-func TestClaimDeepCopy(t *testing.T) {
-	c := testenv.NewClaim("ns", "c", "pool", 1)
-	c.Labels = map[string]string{"a": "b"}
-	c.Status = map[string]any{"m": map[string]any{"x": 1}, "s": []any{"y"}}
-	d := c.DeepCopy()
-	d.Labels["a"] = "changed"
-	d.Status["m"].(map[string]any)["x"] = 2
-	d.Status["s"].([]any)[0] = "z"
-	if c.Labels["a"] != "b" || c.Status["m"].(map[string]any)["x"] != 1 || c.Status["s"].([]any)[0] != "y" {
-		t.Fatalf("DeepCopy shares memory with the original: %+v", c)
-	}
-	list := &testenv.ClaimList{Items: []testenv.Claim{*c}}
-	l2 := list.DeepCopyObject().(*testenv.ClaimList)
-	l2.Items[0].Labels["a"] = "changed"
-	if c.Labels["a"] != "b" {
-		t.Fatal("ClaimList.DeepCopyObject shares items")
-	}
-}
-
 func TestAssetsUsesKubebuilderAssets(t *testing.T) {
 	t.Setenv(testenv.EnvAssets, "/somewhere")
 	var progress bytes.Buffer

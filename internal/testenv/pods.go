@@ -9,12 +9,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/poolalloc/poolalloc/examples/operator/api/v1"
+	"github.com/poolalloc/poolalloc/examples/operator/fakekubelet"
 	"github.com/poolalloc/poolalloc/internal/parallel"
 )
 
 // PoolLabel is the label CreatePods puts on a pool's pods; its value is the
-// pool name.
-const PoolLabel = "poolalloc.io/test-pool"
+// pool name (v1.PoolLabel of the operator example's API).
+const PoolLabel = v1.PoolLabel
 
 // PodImage is the image of the single container of pods from CreatePods.
 // Nothing runs it: the test API server has no kubelet.
@@ -60,42 +62,12 @@ func CreatePods(ctx context.Context, c client.Client, ns, pool string, n int, re
 
 // SetPodReady sets pod's phase to Running and its Ready and ContainersReady
 // conditions to ready through the status subresource, as a kubelet would,
-// and updates pod to the stored object.
+// and updates pod to the stored object (fakekubelet.SetPodReady).
 func SetPodReady(ctx context.Context, c client.Client, pod *corev1.Pod, ready bool) error {
-	orig := pod.DeepCopy()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	now := metav1.Now()
-	pod.Status.Phase = corev1.PodRunning
-	for _, t := range []corev1.PodConditionType{corev1.PodScheduled, corev1.ContainersReady, corev1.PodReady} {
-		s := status
-		if t == corev1.PodScheduled {
-			s = corev1.ConditionTrue
-		}
-		setCondition(&pod.Status, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: now})
-	}
-	if err := c.Status().Patch(ctx, pod, client.StrategicMergeFrom(orig)); err != nil {
-		return fmt.Errorf("testenv: set pod %s/%s ready=%t: %w", pod.Namespace, pod.Name, ready, err)
+	if err := fakekubelet.SetPodReady(ctx, c, pod, ready); err != nil {
+		return fmt.Errorf("testenv: %w", err)
 	}
 	return nil
-}
-
-// setCondition replaces the condition of the same type, keeping its
-// transition time if the status did not change, or appends it.
-func setCondition(s *corev1.PodStatus, cond corev1.PodCondition) {
-	for i := range s.Conditions {
-		if s.Conditions[i].Type != cond.Type {
-			continue
-		}
-		if s.Conditions[i].Status == cond.Status {
-			cond.LastTransitionTime = s.Conditions[i].LastTransitionTime
-		}
-		s.Conditions[i] = cond
-		return
-	}
-	s.Conditions = append(s.Conditions, cond)
 }
 
 // ListPods returns the pods of pool in namespace ns (by PoolLabel), sorted
@@ -108,12 +80,6 @@ func ListPods(ctx context.Context, c client.Client, ns, pool string) ([]corev1.P
 	return list.Items, nil
 }
 
-// IsPodReady reports whether pod has condition Ready=True.
-func IsPodReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+// IsPodReady reports whether pod has condition Ready=True
+// (fakekubelet.IsPodReady).
+func IsPodReady(pod *corev1.Pod) bool { return fakekubelet.IsPodReady(pod) }
