@@ -266,6 +266,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	r := &poolReconciler{
 		client:   mgr.GetClient(),
+		cache:    mgr.GetCache(),
 		scheme:   mgr.GetScheme(),
 		alloc:    alloc,
 		pods:     newPodIndex(),
@@ -296,7 +297,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	b := ctrl.NewControllerManagedBy(mgr)
 	if opts.Shards != nil {
 		b = b.WatchesRawSource(opts.Shards.Source(func(ctx context.Context) ([]types.NamespacedName, error) {
-			return listPools(ctx, mgr.GetClient())
+			return listPools(ctx, mgr.GetCache())
 		}))
 	}
 	err = b.
@@ -319,8 +320,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	return nil
 }
 
-// listPools returns every Pool the cache holds.
-func listPools(ctx context.Context, c client.Client) ([]types.NamespacedName, error) {
+// listPools returns every Pool c (the manager's cache) holds.
+func listPools(ctx context.Context, c client.Reader) ([]types.NamespacedName, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(poolv1.PoolGVK.GroupVersion().WithKind(poolv1.PoolGVK.Kind + "List"))
 	if err := c.List(ctx, list); err != nil {
@@ -351,7 +352,10 @@ func claimPool(o client.Object) types.NamespacedName {
 // sizes the pool. controller-runtime never reconciles one pool in two
 // workers at once; different pools run in parallel.
 type poolReconciler struct {
-	client   client.Client
+	client client.Client
+	// cache reads pools from the manager's cache: the client reads
+	// unstructured objects live, and Pool has no Go type.
+	cache    client.Reader
 	scheme   *runtime.Scheme
 	alloc    allocator.Allocator
 	follow   *follow.Follower
@@ -445,7 +449,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	}
 	pool := newPoolObject()
 	gone := false
-	switch err := r.client.Get(ctx, poolName, pool); {
+	switch err := r.cache.Get(ctx, poolName, pool); {
 	case apierrors.IsNotFound(err):
 		gone, pool = true, nil
 	case err != nil:
