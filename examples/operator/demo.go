@@ -66,7 +66,7 @@ func runEmbedded(ctx context.Context, f flags, stdout, stderr io.Writer) (err er
 	if err != nil {
 		return err
 	}
-	if err := Setup(mgr, Options{Resync: f.resync}); err != nil {
+	if err := Setup(mgr, Options{Resync: f.resync, FullResync: f.fullResync}); err != nil {
 		return err
 	}
 

@@ -51,6 +51,8 @@
 //	-namespace                   watch only this namespace (default: all; the
 //	                             embedded demo runs in it, default "demo")
 //	-resync                      how often an idle pool is looked at (default 30s)
+//	-full-resync                 how often a pool's round lists it whole instead of
+//	                             taking its events (default 10m)
 //	-demo-duration               embedded mode: how long the demo runs once the API
 //	                             server is up (default 20s; 0: until signalled)
 //	-v                           log verbosity (0: info; 1: per-pool details)
@@ -74,6 +76,8 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/poolalloc/poolalloc/allocator/follow"
 )
 
 // Exit codes.
@@ -99,6 +103,7 @@ type flags struct {
 	leaseID       string
 	namespace     string
 	resync        time.Duration
+	fullResync    time.Duration
 	demoDuration  time.Duration
 	verbosity     int
 	namespaceSeen bool
@@ -115,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.leaseID, "leader-election-id", "poolalloc-operator", "name of the lease")
 	fs.StringVar(&f.namespace, "namespace", "", `watch only this namespace (default: all; in embedded mode the demo's, default "demo")`)
 	fs.DurationVar(&f.resync, "resync", DefaultResync, "how often a pool is reconciled when nothing happens to it")
+	fs.DurationVar(&f.fullResync, "full-resync", follow.DefaultResync, "how often a pool's round lists it whole instead of taking its events")
 	fs.DurationVar(&f.demoDuration, "demo-duration", 20*time.Second, "embedded mode: how long the demo runs once the API server is up; 0 runs until signalled")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
@@ -123,8 +129,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if f.resync <= 0 || f.demoDuration < 0 || f.verbosity < 0 {
-		return f, errors.New("-resync must be positive, -demo-duration and -v not negative")
+	if f.resync <= 0 || f.fullResync <= 0 || f.demoDuration < 0 || f.verbosity < 0 {
+		return f, errors.New("-resync and -full-resync must be positive, -demo-duration and -v not negative")
 	}
 	fs.Visit(func(fl *flag.Flag) { f.namespaceSeen = f.namespaceSeen || fl.Name == "namespace" })
 	return f, nil
@@ -168,7 +174,7 @@ func runCluster(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	if err := Setup(mgr, Options{Resync: f.resync}); err != nil {
+	if err := Setup(mgr, Options{Resync: f.resync, FullResync: f.fullResync}); err != nil {
 		return err
 	}
 	return mgr.Start(ctx) // returns when ctx ends, after a graceful shutdown
