@@ -21,6 +21,15 @@
 // -write-concurrency (allocator.WithWriteConcurrency) and -cpuprofile. A
 // progress bar is drawn on stderr when it is a terminal.
 //
+// With -write-cost N it runs no burst: it makes N writes of each kind the
+// allocator and an operator make per hand-out and release (claim create,
+// record write, event, pod mark, fence, unmark, with and without labels
+// and owner references), -write-concurrency at once, and reports the
+// embedded control plane's CPU per write, the median of -write-cost-reps
+// repetitions (writecost.go):
+//
+//	go run ./examples/loadtest -write-cost 1000 -pods 1000 -claims 1
+//
 // Wall-clock figures depend on what else the machine runs: the report
 // gives the load average, the CPU time of this process and of the embedded
 // control plane, and where each claim's latency went, so that a slow run
@@ -74,6 +83,9 @@ type flags struct {
 	timeout                            time.Duration
 	cpuProfile                         string
 	marks                              bool
+	// writeCost and costReps are the write-cost mode's (writecost.go);
+	// 0 runs the burst.
+	writeCost, costReps int
 }
 
 func main() {
@@ -85,9 +97,12 @@ func main() {
 	flag.DurationVar(&f.timeout, "timeout", time.Minute, "give up when not all claims are allocated after this long")
 	flag.BoolVar(&f.marks, "marks", true, "mark pods with their claim (the default; -marks=false is allocator.WithPodMarks(false)): one more write per pod")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed phase to this file (go tool pprof)")
+	flag.IntVar(&f.writeCost, "write-cost", 0, "instead of the burst, make this many writes of each kind the allocator and its caller make per hand-out and report the control plane's CPU per write (needs -pods at least as many)")
+	flag.IntVar(&f.costReps, "write-cost-reps", 3, "-write-cost: repetitions of each kind (the median is reported)")
 	flag.Parse()
-	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 {
-		fmt.Fprintln(os.Stderr, "loadtest: want -claims ≥ 1, -pods ≥ -claims, -concurrency ≥ 1, -write-concurrency ≥ 1 and -timeout > 0")
+	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 ||
+		f.writeCost < 0 || f.writeCost > f.pods || f.costReps < 1 {
+		fmt.Fprintln(os.Stderr, "loadtest: want -claims ≥ 1, -pods ≥ -claims, -concurrency ≥ 1, -write-concurrency ≥ 1, -timeout > 0, 0 ≤ -write-cost ≤ -pods and -write-cost-reps ≥ 1")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -129,6 +144,9 @@ func run(ctx context.Context, f flags) (err error) {
 		return err
 	}
 	defer t.stopCache()
+	if f.writeCost > 0 {
+		return t.writeCost(ctx, f.writeCost, f.costReps)
+	}
 	if err := t.run(ctx); err != nil {
 		return err
 	}
