@@ -62,16 +62,22 @@ type claimGet struct {
 	err error
 }
 
-// podPatch is a merge patch of a pod's annotations guarded by the pod's
-// resourceVersion: a string value sets an annotation, nil removes it.
+// podPatch is a merge patch of a pod's annotations and labels guarded by
+// the pod's resourceVersion: a string value sets a key, nil removes it.
+// With owners (a MarkHook's owner references) it is a strategic merge
+// patch, which merges the pod's owner references by UID.
 type podPatch struct {
 	name        string
 	rv          string
 	annotations map[string]any
+	labels      map[string]any
+	owners      []any
 
 	newRV string // the pod's resourceVersion after the patch
 	mark  string // its mark after the patch
-	err   error
+	// newLabels are its labels after a patch that changed labels.
+	newLabels map[string]string
+	err       error
 }
 
 // recycleCall is one pod offered to the Recycler. With pod marks, fence is
@@ -172,20 +178,32 @@ func (x *executor) readClaim(c *claimGet) {
 }
 
 func (x *executor) patch(c *podPatch) {
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"resourceVersion": c.rv,
-		"annotations":     c.annotations,
-	}})
+	meta := map[string]any{"resourceVersion": c.rv, "annotations": c.annotations}
+	if c.labels != nil {
+		meta["labels"] = c.labels
+	}
+	pt := types.MergePatchType
+	if c.owners != nil {
+		meta["ownerReferences"] = c.owners
+		pt = types.StrategicMergePatchType
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		c.err = err
 		return
 	}
 	pod := &corev1.Pod{}
 	pod.Namespace, pod.Name = x.pool.Namespace, c.name
-	if c.err = x.client.Patch(x.ctx, pod, client.RawPatch(types.MergePatchType, body)); c.err != nil {
+	if c.err = x.client.Patch(x.ctx, pod, client.RawPatch(pt, body)); c.err != nil {
 		return
 	}
 	c.newRV, c.mark = pod.ResourceVersion, pod.Annotations[x.markKey]
+	if c.labels != nil {
+		c.newLabels = pod.Labels
+		if c.newLabels == nil {
+			c.newLabels = map[string]string{}
+		}
+	}
 }
 
 func (x *executor) recycle(c *recycleCall) {

@@ -148,6 +148,8 @@ type config struct {
 	recycle   Recycler
 	// topology is the pools' default layout (WithTopology).
 	topology algorithm.Topology
+	// markHook is WithMarkHook's, nil without.
+	markHook MarkHook
 	// nodeLabels reads a node's labels (WithNodeLabels), nil for none.
 	nodeLabels  func(node string) map[string]string
 	clock       clock.PassiveClock
@@ -473,6 +475,9 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 	}
 	if cfg.markMigrate && cfg.markKey == "" {
 		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithPodMarks(false)", ErrInvalidOption)
+	}
+	if cfg.markHook != nil && cfg.markKey == "" {
+		return nil, fmt.Errorf("%w: WithMarkHook with WithPodMarks(false): the hook's change rides the pod's mark", ErrInvalidOption)
 	}
 	if cfg.markKey != "" {
 		if c == nil {
