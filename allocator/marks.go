@@ -64,18 +64,28 @@ func (r *round) markPatch(pod, rv, value string, e *podEdit) *podPatch {
 	return p
 }
 
+// markPatches returns the mark patches of jobs.
+func (r *round) markPatches(jobs []*markJob) []*podPatch {
+	patches := make([]*podPatch, len(jobs))
+	for i, j := range jobs {
+		patches[i] = r.markPatch(j.pi.name(), j.pi.rv, j.value, j.edit)
+	}
+	return patches
+}
+
+// tookPatches sets each job's outcome from its patch.
+func tookPatches(jobs []*markJob, patches []*podPatch) {
+	for i, j := range jobs {
+		j.rv, j.mark, j.labels, j.err = patches[i].newRV, patches[i].mark, patches[i].newLabels, patches[i].err
+	}
+}
+
 // patchMarks makes the mark patches of jobs, concurrently, and sets each
 // job's outcome.
 func (r *round) patchMarks(jobs []*markJob) {
-	var e effects
-	e.patches = make([]*podPatch, len(jobs))
-	for i, j := range jobs {
-		e.patches[i] = r.markPatch(j.pi.name(), j.pi.rv, j.value, j.edit)
-	}
+	e := effects{patches: r.markPatches(jobs)}
 	r.exec(&e)
-	for i, j := range jobs {
-		j.rv, j.mark, j.labels, j.err = e.patches[i].newRV, e.patches[i].mark, e.patches[i].newLabels, e.patches[i].err
-	}
+	tookPatches(jobs, e.patches)
 }
 
 type markJob struct {
@@ -178,68 +188,65 @@ func (r *round) marked(pi *podInfo, rv, mark string, labels map[string]string) {
 	r.p.refresh(pi)
 }
 
-// markPods marks the pods the round is about to hand out. A pod whose mark
-// cannot be written is not handed out this round.
-func (r *round) markPods(writes []*write) {
-	if !r.marks() {
-		return
+// markJobs returns the marks w's hand-out needs: one per pod it adds,
+// with the mark hook's change. A pod whose change is refused is not
+// handed out this round (a gang then gets none).
+func (r *round) markJobs(w *write) []*markJob {
+	if !r.marks() || len(w.add) == 0 {
+		return nil
 	}
 	var jobs []*markJob
-	var gangs map[*write]int // gang writes, with how many pods they add
-	for _, w := range writes {
-		var refused []string
-		for _, name := range w.add {
-			pi := r.p.pods.Get(name)
-			e, err := r.hookEdit(pi, w.ci.holder(), w.ci.placement().Selector, true)
-			if err != nil {
-				// Not marked, not handed out: the pod stays free.
-				r.errs = append(r.errs, r.claimErr(w.ci, err))
-				refused = append(refused, name)
-				continue
-			}
-			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: pi, value: w.ci.key, edit: e})
+	var refused []string
+	for _, name := range w.add {
+		pi := r.p.pods.Get(name)
+		e, err := r.hookEdit(pi, w.ci.holder(), w.ci.placement().Selector, true)
+		if err != nil {
+			// Not marked, not handed out: the pod stays free.
+			r.errs = append(r.errs, r.claimErr(w.ci, err))
+			refused = append(refused, name)
+			continue
 		}
-		if len(refused) > 0 {
-			if w.ci.placement().Gang {
-				jobs = slices.DeleteFunc(jobs, func(j *markJob) bool { return j.w == w })
-				w.add = nil
-				continue
-			}
-			w.add = slices.DeleteFunc(w.add, func(n string) bool { return slices.Contains(refused, n) })
-		}
-		if len(w.add) > 0 && w.ci.placement().Gang {
-			if gangs == nil {
-				gangs = make(map[*write]int)
-			}
-			gangs[w] = len(w.add)
-		}
+		jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: pi, value: w.ci.key, edit: e})
 	}
-	r.patchMarks(jobs)
+	switch {
+	case len(refused) == 0:
+	case w.ci.placement().Gang:
+		w.add = nil
+		return nil
+	default:
+		w.add = slices.DeleteFunc(w.add, func(n string) bool { return slices.Contains(refused, n) })
+	}
+	return jobs
+}
+
+// tookMarks takes in the outcomes of w's marks (jobs, made by patches):
+// a pod whose mark could not be written is not handed out this round,
+// and a gang gets none of its pods unless every mark was written (the
+// marks written are removed once apply finds them in no record,
+// w.marked).
+func (r *round) tookMarks(w *write, jobs []*markJob, patches []*podPatch) {
+	tookPatches(jobs, patches)
+	n := len(w.add)
 	for _, j := range jobs {
 		pi := j.pi
 		if j.err == nil {
 			r.marked(pi, j.rv, j.mark, j.labels)
-			j.w.marked = append(j.w.marked, pi.name())
+			w.marked = append(w.marked, pi.name())
 			continue
 		}
 		if !definite(j.err) {
 			// Maybe marked: keep it out of the pool until a listing or
-			// the unmark below says otherwise. No record lists it, and
-			// none can while it is marked for the claim.
+			// the unmark says otherwise. No record lists it, and none
+			// can while it is marked for the claim.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
 			r.queueUnmark(pi, j.ci.uid(), fenceGone)
 			r.p.refresh(pi)
 		}
-		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name() })
-		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
+		w.add = slices.DeleteFunc(w.add, func(n string) bool { return n == pi.name() })
+		r.errs = append(r.errs, r.claimErr(w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
 	}
-	for w, n := range gangs {
-		if len(w.add) < n {
-			// All or nothing: a gang gets none of its pods unless every
-			// mark was written. The marks written are removed once apply
-			// finds them in no record (w.marked).
-			w.add = nil
-		}
+	if len(w.add) < n && w.ci.placement().Gang {
+		w.add = nil
 	}
 }
 
