@@ -266,6 +266,10 @@ func newMachine(t *rapid.T, b *backend, stats *propertyStats, id int) *machine {
 		m.hook = true
 		m.opts = append(m.opts, allocator.WithMarkHook(routeHook))
 	}
+	if m.marks && rapid.Bool().Draw(t, "no recycle fence") {
+		// The machine's recycler writes nothing to the pod.
+		m.opts = append(m.opts, allocator.WithRecycleFence(false))
+	}
 	m.newAllocator()
 	for _, pool := range m.pools {
 		for range rapid.IntRange(2, 6).Draw(t, "pods "+pool.String()) {
