@@ -163,12 +163,13 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		writes = append(writes, w)
 	}
 	slices.SortFunc(writes, func(x, y *write) int { return compareNames(x.ci, y.ci) })
-	r.markPods(writes)
-	// Read, decide, then write (docs/design.md, "Decide, then act"):
-	// the reads each write rests on run concurrently, the records are
-	// decided one claim at a time on what was read and what the pool
-	// knows, and only the writes run concurrently again.
-	var claims, pods, records effects
+	// Read, mark, decide, then write (docs/design.md, "Decide, then
+	// act"): the reads each write rests on run concurrently; then each
+	// write's marks, and, once a write's marks are done (and those of
+	// every write before it), its record is decided on what was read and
+	// what the pool knows, and written while later marks are still being
+	// made.
+	var claims, pods effects
 	reads := make([]*claimGet, len(writes))
 	for i, w := range writes {
 		if reads[i] = r.readFor(w); reads[i] != nil {
@@ -184,19 +185,35 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 	}
 	r.exec(&pods)
-	calls := make([]*recordWrite, len(writes))
 	k := 0
 	for i, w := range writes {
 		for _, pi := range stale[i] {
 			r.staleMark(w, pi, pods.podReads[k])
 			k++
 		}
-		r.decide(w)
-		if calls[i] = r.writeCall(w); calls[i] != nil {
-			records.writes = append(records.writes, calls[i])
-		}
 	}
-	r.exec(&records)
+	jobs := make([][]*markJob, len(writes))
+	marks := make([]*effects, len(writes))
+	for i, w := range writes {
+		if !w.skip {
+			jobs[i] = r.markJobs(w)
+		} else {
+			// Not written (gone, or its read failed): nothing is
+			// handed to it, so nothing is marked for it.
+			w.add = nil
+		}
+		marks[i] = &effects{patches: r.markPatches(jobs[i])}
+	}
+	calls := make([]*recordWrite, len(writes))
+	r.executor().pipeline(marks, func(i int) *effects {
+		w := writes[i]
+		r.tookMarks(w, jobs[i], marks[i].patches)
+		r.decide(w)
+		if calls[i] = r.writeCall(w); calls[i] == nil {
+			return nil
+		}
+		return &effects{writes: []*recordWrite{calls[i]}}
+	})
 	for i, w := range writes {
 		if calls[i] != nil {
 			r.wrote(w, calls[i])

@@ -81,6 +81,14 @@
 // server's do; build controller-runtime's fake client with
 // WithGlobalResourceVersionCounter in tests.
 //
+// WithMarkHook lets the caller's own change to a pod at hand-out (labels
+// for routing, annotations, owner references) ride the patch that marks
+// it, and the patch that removes the mark take it off again: an operator
+// that labels the pods it hands out pays one pod write per hand-out, not
+// two. A change that would touch what the pod carries already, the
+// allocator's own annotations, or the claim's selector is refused
+// (ErrPodChange) before anything is written.
+//
 // # Recovery
 //
 // The first Round of a pool after New rebuilds the pool's allocation from

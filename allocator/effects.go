@@ -62,16 +62,22 @@ type claimGet struct {
 	err error
 }
 
-// podPatch is a merge patch of a pod's annotations guarded by the pod's
-// resourceVersion: a string value sets an annotation, nil removes it.
+// podPatch is a merge patch of a pod's annotations and labels guarded by
+// the pod's resourceVersion: a string value sets a key, nil removes it.
+// With owners (a MarkHook's owner references) it is a strategic merge
+// patch, which merges the pod's owner references by UID.
 type podPatch struct {
 	name        string
 	rv          string
 	annotations map[string]any
+	labels      map[string]any
+	owners      []any
 
 	newRV string // the pod's resourceVersion after the patch
 	mark  string // its mark after the patch
-	err   error
+	// newLabels are its labels after a patch that changed labels.
+	newLabels map[string]string
+	err       error
 }
 
 // recycleCall is one pod offered to the Recycler. With pod marks, fence is
@@ -131,6 +137,87 @@ func (r *round) exec(e *effects) { r.executor().run(e) }
 // goroutine once the others finish, where the round's guard fails the pool
 // closed.
 func (x *executor) run(e *effects) {
+	calls := x.calls(e)
+	parallel(x.limit, len(calls), func(i int) { calls[i]() })
+}
+
+// pipeline makes the calls of every group, at most limit at once; once
+// the calls of group g and of every group before it are done, then(g) is
+// called on the caller's goroutine, in the order of the groups, and the
+// calls it returns (nil for none) are made too, before those of groups
+// not started yet. It returns when all are done. So a step whose calls
+// rest on earlier ones (a record on its pods' marks) takes the earlier
+// outcomes in one at a time, in a fixed order, as run's callers do, while
+// the calls of later groups are still in flight. A panic in a call is
+// raised again in the caller's goroutine once the calls in flight finish;
+// then is not called after it.
+func (x *executor) pipeline(groups []*effects, then func(g int) *effects) {
+	type queued struct {
+		g int // -1 for a call then returned
+		f func()
+	}
+	var first, follow []queued
+	left := make([]int, len(groups))
+	for g, e := range groups {
+		for _, f := range x.calls(e) {
+			first = append(first, queued{g, f})
+			left[g]++
+		}
+	}
+	type outcome struct {
+		g        int
+		panicked *any
+	}
+	done := make(chan outcome)
+	var panicked *any
+	running, taken := 0, 0
+	for {
+		for panicked == nil && taken < len(groups) && left[taken] == 0 {
+			if e := then(taken); e != nil {
+				for _, f := range x.calls(e) {
+					follow = append(follow, queued{-1, f})
+				}
+			}
+			taken++
+		}
+		for panicked == nil && running < max(1, x.limit) && len(follow)+len(first) > 0 {
+			var q queued
+			if len(follow) > 0 {
+				q, follow = follow[0], follow[1:]
+			} else {
+				q, first = first[0], first[1:]
+			}
+			running++
+			go func() {
+				var p *any
+				defer func() {
+					if v := recover(); v != nil {
+						p = &v
+					}
+					done <- outcome{q.g, p}
+				}()
+				q.f()
+			}()
+		}
+		if running == 0 {
+			break
+		}
+		o := <-done
+		running--
+		if o.g >= 0 {
+			left[o.g]--
+		}
+		if o.panicked != nil && panicked == nil {
+			panicked = o.panicked
+		}
+	}
+	if panicked != nil {
+		panic(*panicked)
+	}
+}
+
+// calls returns the calls of e, each recording its outcome in e.
+func (x *executor) calls(e *effects) []func() {
 	calls := make([]func(), 0, e.len())
 	for _, c := range e.podReads {
 		calls = append(calls, func() { x.readPod(c) })
@@ -147,7 +234,7 @@ func (x *executor) run(e *effects) {
 	for _, c := range e.writes {
 		calls = append(calls, func() { x.write(c) })
 	}
-	parallel(x.limit, len(calls), func(i int) { calls[i]() })
+	return calls
 }
 
 func (x *executor) readPod(c *podGet) {
@@ -172,20 +259,32 @@ func (x *executor) readClaim(c *claimGet) {
 }
 
 func (x *executor) patch(c *podPatch) {
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"resourceVersion": c.rv,
-		"annotations":     c.annotations,
-	}})
+	meta := map[string]any{"resourceVersion": c.rv, "annotations": c.annotations}
+	if c.labels != nil {
+		meta["labels"] = c.labels
+	}
+	pt := types.MergePatchType
+	if c.owners != nil {
+		meta["ownerReferences"] = c.owners
+		pt = types.StrategicMergePatchType
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		c.err = err
 		return
 	}
 	pod := &corev1.Pod{}
 	pod.Namespace, pod.Name = x.pool.Namespace, c.name
-	if c.err = x.client.Patch(x.ctx, pod, client.RawPatch(types.MergePatchType, body)); c.err != nil {
+	if c.err = x.client.Patch(x.ctx, pod, client.RawPatch(pt, body)); c.err != nil {
 		return
 	}
 	c.newRV, c.mark = pod.ResourceVersion, pod.Annotations[x.markKey]
+	if c.labels != nil {
+		c.newLabels = pod.Labels
+		if c.newLabels == nil {
+			c.newLabels = map[string]string{}
+		}
+	}
 }
 
 func (x *executor) recycle(c *recycleCall) {

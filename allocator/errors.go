@@ -58,6 +58,13 @@ var (
 	// answer. A pod whose holder it cannot tell counts as held: nothing is
 	// handed out or released on a guess, and the next round tries again.
 	ErrStore = errors.New("store failed")
+	// ErrPodChange: a MarkHook's change to a pod was refused (see
+	// WithMarkHook: a label the pod carries, the allocator's own
+	// annotation, an invalid key or value, a controller owner reference)
+	// or the hook panicked. Nothing was written to the pod: at hand-out it
+	// is not handed out in that round, at release it stays marked; the
+	// next round tries again.
+	ErrPodChange = errors.New("pod change refused")
 	// ErrInconsistent: the pool's state broke one of its invariants (a
 	// pod moved between states in a way docs/design.md does not allow, or
 	// the self-check found the pool's indexes disagreeing): a bug. The

@@ -79,3 +79,49 @@ func ExampleNew() {
 	// idle: [] shortfall: 1
 	// {"pods":["runners-0","runners-1"]} [poolalloc.io/allocation]
 }
+
+// A pod handed to a claim is labelled with the claim's name, for a Service
+// that routes to the claim's pods, in the same write that marks it.
+func ExampleWithMarkHook() {
+	ctx := context.Background()
+	scheme, err := testenv.NewScheme()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	c := fake.NewClientBuilder().WithGlobalResourceVersionCounter().WithScheme(scheme).
+		WithStatusSubresource(&corev1.Pod{}, &testenv.Claim{}).Build()
+	pool := types.NamespacedName{Namespace: "ci", Name: "runners"}
+	pods, err := testenv.CreatePods(ctx, c, pool.Namespace, pool.Name, 1, true)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	build := testenv.NewClaim(pool.Namespace, "build", pool.Name, 1)
+	build.UID = "uid-build"
+	if err := c.Create(ctx, build); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	a, err := allocator.New(c, allocator.WithMarkHook(func(p allocator.MarkedPod) allocator.PodChange {
+		return allocator.PodChange{Labels: map[string]string{"example.com/claim": p.Claim.Claim.Name}}
+	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := a.Round(ctx, allocator.Input{Pool: pool, Pods: pods, Claims: []allocator.Claim{{Object: build, Want: 1}}}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	var pod corev1.Pod
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&pods[0]), &pod); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(pod.Annotations[allocator.DefaultPodMarkKey], pod.Labels["example.com/claim"])
+
+	// Output:
+	// build/uid-build build
+}

@@ -57,7 +57,10 @@ import (
 //     mark does not list the pod as held, when c no longer exists, or when
 //     this allocator's own hand-out of the pod failed for certain.
 //   - Recycling is a write too: the recycler is called only for a pod whose
-//     mark names the claim it is recycled for.
+//     mark names the claim it is recycled for, proven by a fence write
+//     just before (fenceRecycle), or, for a recycler that writes nothing
+//     or only under the pod's known resourceVersion (WithRecycleFence),
+//     by that precondition itself.
 //   - Every record write makes a new version of the claim, even one that
 //     writes what the record holds already (another allocator recorded the
 //     release and crashed before the unmark): the API server keeps the

@@ -46,38 +46,60 @@ func (pi *podInfo) markUID(pool types.NamespacedName) types.UID {
 }
 
 // markPatch is the patch that sets (value != "") or removes pod's mark,
-// guarded by rv. Removing the mark removes the recycling stamp too (see
+// guarded by rv, with e, the mark hook's change (WithMarkHook; nil for
+// none). Removing the mark removes the recycling stamp too (see
 // fenceRecycle).
-func (r *round) markPatch(pod, rv, value string) *podPatch {
+func (r *round) markPatch(pod, rv, value string, e *podEdit) *podPatch {
 	annotations := map[string]any{r.a.cfg.markKey: value}
 	if value == "" {
 		annotations = map[string]any{r.a.cfg.markKey: nil, r.a.cfg.stampKey: nil}
 	}
-	return &podPatch{name: pod, rv: rv, annotations: annotations}
+	p := &podPatch{name: pod, rv: rv, annotations: annotations}
+	if e != nil {
+		for k, v := range e.annotations {
+			annotations[k] = v
+		}
+		p.labels, p.owners = e.labels, e.owners
+	}
+	return p
+}
+
+// markPatches returns the mark patches of jobs.
+func (r *round) markPatches(jobs []*markJob) []*podPatch {
+	patches := make([]*podPatch, len(jobs))
+	for i, j := range jobs {
+		patches[i] = r.markPatch(j.pi.name(), j.pi.rv, j.value, j.edit)
+	}
+	return patches
+}
+
+// tookPatches sets each job's outcome from its patch.
+func tookPatches(jobs []*markJob, patches []*podPatch) {
+	for i, j := range jobs {
+		j.rv, j.mark, j.labels, j.err = patches[i].newRV, patches[i].mark, patches[i].newLabels, patches[i].err
+	}
 }
 
 // patchMarks makes the mark patches of jobs, concurrently, and sets each
 // job's outcome.
 func (r *round) patchMarks(jobs []*markJob) {
-	var e effects
-	e.patches = make([]*podPatch, len(jobs))
-	for i, j := range jobs {
-		e.patches[i] = r.markPatch(j.pi.name(), j.pi.rv, j.value)
-	}
+	e := effects{patches: r.markPatches(jobs)}
 	r.exec(&e)
-	for i, j := range jobs {
-		j.rv, j.mark, j.err = e.patches[i].newRV, e.patches[i].mark, e.patches[i].err
-	}
+	tookPatches(jobs, e.patches)
 }
 
 type markJob struct {
 	w     *write // nil for a held pod marked after the fact
 	ci    *claimInfo
 	pi    *podInfo
-	value string // the mark to write; "" removes it
+	value string   // the mark to write; "" removes it
+	edit  *podEdit // the mark hook's change, nil for none
 	rv    string
 	mark  string
-	err   error
+	// labels are the pod's labels after a patch that changed them, nil
+	// if it changed none.
+	labels map[string]string
+	err    error
 }
 
 // markHeld marks held pods that carry no mark yet: pods a record lists
@@ -99,7 +121,18 @@ func (r *round) markHeld() {
 			delete(r.p.overrule, name)
 			continue
 		}
-		jobs = append(jobs, &markJob{ci: holder, pi: pi, value: holder.key})
+		j := &markJob{ci: holder, pi: pi, value: holder.key}
+		if r.a.cfg.markMigrate {
+			// Held from now on: it carries what a pod handed to the
+			// claim carries. Refused, it stays unmarked until the next
+			// round tries again.
+			var err error
+			if j.edit, err = r.hookEdit(pi, holder.holder(), nil, true); err != nil {
+				r.errs = append(r.errs, r.claimErr(holder, err))
+				continue
+			}
+		}
+		jobs = append(jobs, j)
 	}
 	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.patchMarks(jobs)
@@ -109,7 +142,7 @@ func (r *round) markHeld() {
 		old, overruling := r.p.overrule[pi.name()]
 		delete(r.p.overrule, pi.name())
 		if j.err == nil {
-			r.marked(pi, j.rv, j.mark)
+			r.marked(pi, j.rv, j.mark, j.labels)
 			continue
 		}
 		r.errs = append(r.errs, r.claimErr(j.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
@@ -135,62 +168,85 @@ func (r *round) markHeld() {
 	}
 }
 
-// marked records that the allocator wrote pi's mark at resourceVersion rv.
-func (r *round) marked(pi *podInfo, rv, mark string) {
+// marked records that the allocator wrote pi's mark at resourceVersion rv,
+// and, if the write changed them (WithMarkHook), its labels: a listing at
+// rv is not read again, so it would not show them.
+func (r *round) marked(pi *podInfo, rv, mark string, labels map[string]string) {
 	pi.stalePodRV(pi.rv)
 	pi.rv, pi.mark = rv, r.p.markString(mark)
 	pi.markOwn, pi.markRV = mark != "", 0
 	if mark != "" {
 		pi.markRV = rvNum(rv)
 	}
+	if labels != nil {
+		node := ""
+		if pi.place != nil {
+			node = pi.place.node
+		}
+		pi.place = r.p.placeOf(node, labels, r.a.cfg.nodeLabels)
+	}
 	r.p.refresh(pi)
 }
 
-// markPods marks the pods the round is about to hand out. A pod whose mark
-// cannot be written is not handed out this round.
-func (r *round) markPods(writes []*write) {
-	if !r.marks() {
-		return
+// markJobs returns the marks w's hand-out needs: one per pod it adds,
+// with the mark hook's change. A pod whose change is refused is not
+// handed out this round (a gang then gets none).
+func (r *round) markJobs(w *write) []*markJob {
+	if !r.marks() || len(w.add) == 0 {
+		return nil
 	}
 	var jobs []*markJob
-	var gangs map[*write]int // gang writes, with how many pods they add
-	for _, w := range writes {
-		for _, name := range w.add {
-			jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: r.p.pods.Get(name), value: w.ci.key})
+	var refused []string
+	for _, name := range w.add {
+		pi := r.p.pods.Get(name)
+		e, err := r.hookEdit(pi, w.ci.holder(), w.ci.placement().Selector, true)
+		if err != nil {
+			// Not marked, not handed out: the pod stays free.
+			r.errs = append(r.errs, r.claimErr(w.ci, err))
+			refused = append(refused, name)
+			continue
 		}
-		if len(w.add) > 0 && w.ci.placement().Gang {
-			if gangs == nil {
-				gangs = make(map[*write]int)
-			}
-			gangs[w] = len(w.add)
-		}
+		jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: pi, value: w.ci.key, edit: e})
 	}
-	r.patchMarks(jobs)
+	switch {
+	case len(refused) == 0:
+	case w.ci.placement().Gang:
+		w.add = nil
+		return nil
+	default:
+		w.add = slices.DeleteFunc(w.add, func(n string) bool { return slices.Contains(refused, n) })
+	}
+	return jobs
+}
+
+// tookMarks takes in the outcomes of w's marks (jobs, made by patches):
+// a pod whose mark could not be written is not handed out this round,
+// and a gang gets none of its pods unless every mark was written (the
+// marks written are removed once apply finds them in no record,
+// w.marked).
+func (r *round) tookMarks(w *write, jobs []*markJob, patches []*podPatch) {
+	tookPatches(jobs, patches)
+	n := len(w.add)
 	for _, j := range jobs {
 		pi := j.pi
 		if j.err == nil {
-			r.marked(pi, j.rv, j.mark)
-			j.w.marked = append(j.w.marked, pi.name())
+			r.marked(pi, j.rv, j.mark, j.labels)
+			w.marked = append(w.marked, pi.name())
 			continue
 		}
 		if !definite(j.err) {
 			// Maybe marked: keep it out of the pool until a listing or
-			// the unmark below says otherwise. No record lists it, and
-			// none can while it is marked for the claim.
+			// the unmark says otherwise. No record lists it, and none
+			// can while it is marked for the claim.
 			pi.mark, pi.markOwn, pi.markRV = j.value, false, 0
 			r.queueUnmark(pi, j.ci.uid(), fenceGone)
 			r.p.refresh(pi)
 		}
-		j.w.add = slices.DeleteFunc(j.w.add, func(n string) bool { return n == pi.name() })
-		r.errs = append(r.errs, r.claimErr(j.w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
+		w.add = slices.DeleteFunc(w.add, func(n string) bool { return n == pi.name() })
+		r.errs = append(r.errs, r.claimErr(w.ci, fmt.Errorf("%w: mark pod %s: %w", ErrWrite, pi.name(), j.err)))
 	}
-	for w, n := range gangs {
-		if len(w.add) < n {
-			// All or nothing: a gang gets none of its pods unless every
-			// mark was written. The marks written are removed once apply
-			// finds them in no record (w.marked).
-			w.add = nil
-		}
+	if len(w.add) < n && w.ci.placement().Gang {
+		w.add = nil
 	}
 }
 
@@ -219,7 +275,15 @@ func (r *round) unmarkPods() {
 			again = append(again, pi)
 			continue
 		}
-		jobs = append(jobs, &markJob{pi: pi})
+		h, _ := parseMark(r.p.name, pi.mark)
+		edit, err := r.hookEdit(pi, h, nil, false)
+		if err != nil {
+			// Kept marked: a pod goes back to the pool only without the
+			// claim's change. Tried again next round.
+			r.errs = append(r.errs, fmt.Errorf("pool %s: %w", r.p.name, err))
+			continue
+		}
+		jobs = append(jobs, &markJob{pi: pi, edit: edit})
 	}
 	slices.SortFunc(jobs, func(x, y *markJob) int { return strings.Compare(x.pi.name(), y.pi.name()) })
 	r.patchMarks(jobs) // value "": remove
@@ -227,7 +291,7 @@ func (r *round) unmarkPods() {
 		pi := j.pi
 		switch {
 		case j.err == nil:
-			r.marked(pi, j.rv, j.mark)
+			r.marked(pi, j.rv, j.mark, j.labels)
 			delete(r.p.unmark, pi.name())
 		case apierrors.IsNotFound(j.err):
 			delete(r.p.unmark, pi.name())

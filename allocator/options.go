@@ -40,13 +40,16 @@ type RecycleRequest struct {
 	// UID and ResourceVersion are the pod's, with its mark naming Claim.
 	// With pod marks the allocator has just proven on the API server that
 	// the pod was marked for Claim at the version it knew, and stamped the
-	// recycle (a patch guarded by that version); ResourceVersion is the
-	// version that patch made. The pod stays marked for Claim until a
-	// release is recorded, after the recycler. A recycler that writes to
-	// the pod, or may take long, should use them as preconditions (as
-	// RecycleDelete does): another allocator recycling the same pod at
-	// once stamps a newer version, and without pod marks nothing else
-	// fences it.
+	// recycle (a patch guarded by that version, the fence); ResourceVersion
+	// is the version that patch made. Without the fence
+	// (WithRecycleFence(false), or RecycleNoop) ResourceVersion is the
+	// version at which the allocator knows the pod marked for Claim, and
+	// the recycler's preconditions are the proof. The pod stays marked for
+	// Claim until a release is recorded, after the recycler. A recycler
+	// that writes to the pod, or may take long, should use them as
+	// preconditions (as RecycleDelete does): another allocator recycling
+	// the same pod at once stamps a newer version, and without pod marks
+	// nothing else fences it.
 	UID             types.UID
 	ResourceVersion string
 	// Claim is the claim the pod is given back by.
@@ -78,7 +81,9 @@ func RecycleNoop(context.Context, RecycleRequest) (bool, error) { return true, n
 // RecycleDelete returns a Recycler that deletes the pod, with the request's
 // UID (and, when set, resourceVersion) as preconditions; the pod counts as
 // recycled once it is gone (the pool then creates a fresh one). A pod that
-// changed since is left alone and offered again next round.
+// changed since is left alone and offered again next round. Its
+// preconditions fence it: give WithRecycleFence(false) with it to save
+// the fence's pod write per recycled pod.
 func RecycleDelete(c client.Client) Recycler {
 	return func(ctx context.Context, req RecycleRequest) (bool, error) {
 		p := &corev1.Pod{}
@@ -146,8 +151,13 @@ type config struct {
 	algorithm algorithm.Algorithm
 	ready     func(*corev1.Pod) bool
 	recycle   Recycler
+	// fence is whether each recycle is fenced by a pod write first
+	// (WithRecycleFence; fenceSet when it was given).
+	fence, fenceSet bool
 	// topology is the pools' default layout (WithTopology).
 	topology algorithm.Topology
+	// markHook is WithMarkHook's, nil without.
+	markHook MarkHook
 	// nodeLabels reads a node's labels (WithNodeLabels), nil for none.
 	nodeLabels  func(node string) map[string]string
 	clock       clock.PassiveClock
@@ -256,8 +266,37 @@ func WithNodeLabels(nodeLabels func(node string) map[string]string) Option {
 }
 
 // WithRecycler sets what happens to pods given back; the default is
-// RecycleNoop.
+// RecycleNoop. With pod marks, each call of r is fenced by a pod write
+// first (see RecycleRequest), unless WithRecycleFence(false) says r needs
+// none or r is RecycleNoop.
 func WithRecycler(r Recycler) Option { return optionFunc(func(c *config) { c.recycle = r }) }
+
+// WithRecycleFence turns the fence before each recycle (pod marks) on or
+// off. The fence is a pod write: a patch guarded by the resourceVersion at
+// which the allocator knows the pod marked for the claim, which stamps
+// the recycle (see RecycleRequest); the recycler is called only if it
+// succeeds, so a recycler that takes no precondition never acts on a pod
+// handed to another claim meanwhile.
+//
+// A recycler that writes nothing to the pod, or makes every write to it
+// under RecycleRequest.UID and ResourceVersion as preconditions (as
+// RecycleDelete does), needs no fence: its own precondition is the proof
+// the fence would give, and a pod that changed meanwhile makes it fail
+// (RecycleDelete then leaves the pod for the next round). Without the
+// fence, ResourceVersion is the version at which the allocator knows the
+// pod marked for the claim, and each recycle costs one pod write less.
+// Turn it off only for such a recycler.
+//
+// By default the fence is on, except for RecycleNoop (the default
+// recycler, or given to WithRecycler), which writes nothing.
+func WithRecycleFence(on bool) Option {
+	return optionFunc(func(c *config) { c.fence, c.fenceSet = on, true })
+}
+
+// isRecycleNoop reports whether r is RecycleNoop.
+func isRecycleNoop(r Recycler) bool {
+	return r != nil && reflect.ValueOf(r).Pointer() == reflect.ValueOf(Recycler(RecycleNoop)).Pointer()
+}
 
 // WithClock injects the clock, for tests.
 func WithClock(clk clock.PassiveClock) Option { return optionFunc(func(c *config) { c.clock = clk }) }
@@ -468,11 +507,17 @@ func newConfig(c client.Client, opts []Option) (*config, error) {
 			return nil, fmt.Errorf("%w: WithClaimType: an unstructured object needs its apiVersion and kind", ErrInvalidOption)
 		}
 	}
+	if !cfg.fenceSet {
+		cfg.fence = !isRecycleNoop(cfg.recycle)
+	}
 	if cfg.marksOff {
 		cfg.markKey = ""
 	}
 	if cfg.markMigrate && cfg.markKey == "" {
 		return nil, fmt.Errorf("%w: WithPodMarkMigration with WithPodMarks(false)", ErrInvalidOption)
+	}
+	if cfg.markHook != nil && cfg.markKey == "" {
+		return nil, fmt.Errorf("%w: WithMarkHook with WithPodMarks(false): the hook's change rides the pod's mark", ErrInvalidOption)
 	}
 	if cfg.markKey != "" {
 		if c == nil {

@@ -179,6 +179,8 @@ type machine struct {
 	clock *clocktesting.FakeClock
 	opts  []allocator.Option
 	marks bool // WithPodMarks
+	// hook is set when the allocator has WithMarkHook(routeHook).
+	hook bool
 	// sorted runs the allocator on store.Sorted instead of the default
 	// store.InMemory.
 	sorted bool
@@ -268,6 +270,14 @@ func newMachine(t *rapid.T, b *backend, stats *propertyStats, id int) *machine {
 	}
 	m.sorted = rapid.Bool().Draw(t, "sorted store")
 	m.recAuto = rapid.IntRange(0, 3).Draw(t, "recycler finishes everything unless 0") > 0
+	if m.marks && rapid.Bool().Draw(t, "mark hook") {
+		m.hook = true
+		m.opts = append(m.opts, allocator.WithMarkHook(routeHook))
+	}
+	if m.marks && rapid.Bool().Draw(t, "no recycle fence") {
+		// The machine's recycler writes nothing to the pod.
+		m.opts = append(m.opts, allocator.WithRecycleFence(false))
+	}
 	m.newAllocator()
 	for _, pool := range m.pools {
 		for range rapid.IntRange(2, 6).Draw(t, "pods "+pool.String()) {
@@ -688,6 +698,7 @@ func (m *machine) check(t *rapid.T) {
 	errs := []error{
 		allocator.CheckInvariants(m.a),
 		m.checkSelectors(recs),
+		m.checkHookLabels(),
 		model.CheckExclusive(stores, m.m),
 		model.CheckIsolated(stores, m.m),
 		model.CheckFinalizers(m.m),

@@ -12,8 +12,10 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"pgregory.net/rapid"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/allocator"
 	"github.com/poolalloc/poolalloc/internal/model"
@@ -225,6 +227,35 @@ func (m *machine) checkGangsServed(in allocator.Input, res allocator.Result, pre
 		}
 		if idle >= l+heldBack {
 			return fmt.Errorf("gang %s lacks %d pods while %d idle pods match it and the other waiting gangs hold back at most %d", uid, l, idle, heldBack)
+		}
+	}
+	return nil
+}
+
+// checkHookLabels checks, with WithMarkHook(routeHook), that a pod carries
+// the hook's label and owner reference only while it is marked, for the
+// claim its mark names: a pod is never free (or another claim's) while it
+// routes to a claim.
+func (m *machine) checkHookLabels() error {
+	if !m.hook {
+		return nil
+	}
+	for _, ns := range m.ns {
+		var pods corev1.PodList
+		if err := m.b.raw.List(m.ctx, &pods, client.InNamespace(ns)); err != nil {
+			return fmt.Errorf("list pods: %w", err)
+		}
+		for _, p := range pods.Items {
+			mark := p.Annotations[allocator.DefaultPodMarkKey]
+			name, uid, _ := strings.Cut(mark, "/")
+			if v, ok := p.Labels[routeLabel]; ok && (mark == "" || v != name) {
+				return fmt.Errorf("pod %s/%s carries %s=%s with mark %q", ns, p.Name, routeLabel, v, mark)
+			}
+			for _, o := range p.OwnerReferences {
+				if mark == "" || string(o.UID) != uid {
+					return fmt.Errorf("pod %s/%s is owned by claim %s (uid %s) with mark %q", ns, p.Name, o.Name, o.UID, mark)
+				}
+			}
 		}
 	}
 	return nil

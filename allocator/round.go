@@ -2068,7 +2068,7 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		if o := r.listed[j.pi]; o != nil && (o.UID == j.pi.uid() || o.UID == "") {
 			c.req.Object = o
 		}
-		if r.marks() {
+		if r.marks() && r.a.cfg.fence {
 			c.fence = r.fenceRecycle(j.pi)
 		}
 		e.recycles[i] = c
@@ -2078,7 +2078,7 @@ func (r *round) recycle() (done, settled map[*claimInfo][]string) {
 		c := e.recycles[i]
 		f := c.fence
 		if f == nil {
-			f = &podPatch{} // no marks: no fence
+			f = &podPatch{} // no marks, or WithRecycleFence(false): no fence
 		}
 		switch {
 		case f.err == nil:

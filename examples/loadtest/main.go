@@ -21,6 +21,15 @@
 // -write-concurrency (allocator.WithWriteConcurrency) and -cpuprofile. A
 // progress bar is drawn on stderr when it is a terminal.
 //
+// With -write-cost N it runs no burst: it makes N writes of each kind the
+// allocator and an operator make per hand-out and release (claim create,
+// record write, event, pod mark, fence, unmark, with and without labels
+// and owner references), -write-concurrency at once, and reports the
+// embedded control plane's CPU per write, the median of -write-cost-reps
+// repetitions (writecost.go):
+//
+//	go run ./examples/loadtest -write-cost 1000 -pods 1000 -claims 1
+//
 // Wall-clock figures depend on what else the machine runs: the report
 // gives the load average, the CPU time of this process and of the embedded
 // control plane, and where each claim's latency went, so that a slow run
@@ -50,6 +59,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,6 +84,13 @@ type flags struct {
 	timeout                            time.Duration
 	cpuProfile                         string
 	marks                              bool
+	// writeCost and costReps are the write-cost mode's (writecost.go);
+	// 0 runs the burst.
+	writeCost, costReps int
+	// qps and burst are the client-side rate limits of the allocator's
+	// client (rest.Config.QPS and Burst); qps 0 keeps the connection's.
+	qps   float64
+	burst int
 }
 
 func main() {
@@ -85,9 +102,14 @@ func main() {
 	flag.DurationVar(&f.timeout, "timeout", time.Minute, "give up when not all claims are allocated after this long")
 	flag.BoolVar(&f.marks, "marks", true, "mark pods with their claim (the default; -marks=false is allocator.WithPodMarks(false)): one more write per pod")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed phase to this file (go tool pprof)")
+	flag.Float64Var(&f.qps, "qps", 0, "client-side rate limit of the allocator's client in requests per second, per resource type as controller-runtime's client applies it (rest.Config.QPS; -1: none; 0: the connection's, 1000 for the embedded API server)")
+	flag.IntVar(&f.burst, "burst", 0, "burst of the allocator's client (rest.Config.Burst; 0: the connection's, with -qps set: client-go's default, 10)")
+	flag.IntVar(&f.writeCost, "write-cost", 0, "instead of the burst, make this many writes of each kind the allocator and its caller make per hand-out and report the control plane's CPU per write (needs -pods at least as many)")
+	flag.IntVar(&f.costReps, "write-cost-reps", 3, "-write-cost: repetitions of each kind (the median is reported)")
 	flag.Parse()
-	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 {
-		fmt.Fprintln(os.Stderr, "loadtest: want -claims ≥ 1, -pods ≥ -claims, -concurrency ≥ 1, -write-concurrency ≥ 1 and -timeout > 0")
+	if f.claims < 1 || f.pods < f.claims || f.concurrency < 1 || f.writers < 1 || f.timeout <= 0 || f.burst < 0 ||
+		f.writeCost < 0 || f.writeCost > f.pods || f.costReps < 1 {
+		fmt.Fprintln(os.Stderr, "loadtest: want -claims ≥ 1, -pods ≥ -claims, -concurrency ≥ 1, -write-concurrency ≥ 1, -timeout > 0, -burst ≥ 0, 0 ≤ -write-cost ≤ -pods and -write-cost-reps ≥ 1")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -129,6 +151,9 @@ func run(ctx context.Context, f flags) (err error) {
 		return err
 	}
 	defer t.stopCache()
+	if f.writeCost > 0 {
+		return t.writeCost(ctx, f.writeCost, f.costReps)
+	}
 	if err := t.run(ctx); err != nil {
 		return err
 	}
@@ -235,8 +260,19 @@ func newTest(ctx context.Context, conn cluster.Conn, pool types.NamespacedName, 
 	}
 
 	// The allocator's client counts its writes to claims and its live
-	// reads of claims: it reads and writes the API server directly.
-	counted := interceptor.NewClient(conn.Client, interceptor.Funcs{
+	// reads of claims: it reads and writes the API server directly, rate
+	// limited as -qps and -burst say.
+	base := conn.Client
+	if f.qps != 0 {
+		cfg := rest.CopyConfig(conn.Config)
+		cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+		c, err := client.NewWithWatch(cfg, client.Options{Scheme: conn.Scheme})
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		base = c
+	}
+	counted := interceptor.NewClient(base, interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if !isClaim(c, obj) {
 				if _, isPod := obj.(*corev1.Pod); isPod {
@@ -564,7 +600,12 @@ func (t *test) report() {
 		}
 		inRound = append(inRound, t.allocated[i].Sub(t.listed[i]))
 	}
-	fmt.Printf("\n%d of %d claims (1 pod each) allocated on a pool of %d ready pods; %d creators\n", n, t.f.claims, t.f.pods, t.f.concurrency)
+	limits := "the connection's"
+	if t.f.qps != 0 {
+		limits = fmt.Sprintf("QPS %g, burst %d", t.f.qps, t.f.burst)
+	}
+	fmt.Printf("\n%d of %d claims (1 pod each) allocated on a pool of %d ready pods; %d creators; allocator's client rate limits: %s\n",
+		n, t.f.claims, t.f.pods, t.f.concurrency, limits)
 	if n < t.f.claims {
 		fmt.Printf("  time to allocate all    not reached: -timeout %s passed (last allocation after %s)\n", t.f.timeout, round(total))
 	} else {

@@ -19,3 +19,14 @@ func TestLoadtestSmall(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteCostSmall runs the write-cost mode at a small size: every kind
+// of write succeeds on the real API server, each leaving the pods and
+// claims as the next kind needs them, over two repetitions.
+func TestWriteCostSmall(t *testing.T) {
+	t.Setenv("KUBECONFIG", "")
+	f := flags{claims: 1, pods: 12, concurrency: 4, writers: 4, timeout: time.Minute, marks: true, writeCost: 10, costReps: 2}
+	if err := run(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -169,11 +169,28 @@ type ManagerConfig struct {
 	Namespaces []string
 }
 
+// The client-side rate limits of the manager's clients (README, "Rate
+// limits"). controller-runtime's client keeps a token bucket per resource
+// type, and the allocator writes a claim's record while it marks the next
+// claims' pods, so the operator hands out up to about ClientQPS pods a
+// second (with pod marks: a pod write and a claim write each), ClientBurst
+// at once: above what a small control plane serves (about 200 a second on
+// 2 cores), while a runaway loop is still held to ClientQPS writes a
+// second per resource. client-go's defaults (5 and 10, for a rest.Config
+// that leaves them 0) would allow about 5 hand-outs a second.
+const (
+	ClientQPS   = 200
+	ClientBurst = 400
+)
+
 // NewManager returns a manager for Setup: NewScheme, CacheOptions, the
-// metrics server, the probes and leader election. The lease is given up on
+// metrics server, the probes and leader election; its clients are limited
+// to ClientQPS and ClientBurst, whatever cfg says. The lease is given up on
 // shutdown (the process exits right after Start returns), so that a
 // successor takes over at once.
 func NewManager(cfg *rest.Config, mc ManagerConfig) (ctrl.Manager, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = ClientQPS, ClientBurst
 	scheme, err := NewScheme()
 	if err != nil {
 		return nil, err
@@ -256,6 +273,15 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	alloc, err := allocator.New(mgr.GetClient(),
 		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
 		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
+		// RecycleDelete deletes under the pod's resourceVersion: no
+		// fence write before it.
+		allocator.WithRecycleFence(false),
+		// A claimed pod is labelled poolalloc.io/claim=<claim name> (for
+		// a Service that routes to a claim's pods) in the write that
+		// marks it, and unlabelled in the write that unmarks it.
+		allocator.WithMarkHook(func(p allocator.MarkedPod) allocator.PodChange {
+			return allocator.PodChange{Labels: map[string]string{"poolalloc.io/claim": p.Claim.Claim.Name}}
+		}),
 		allocator.WithClaimType(&poolv1.Claim{}),
 		allocator.WithClaimPool(claimPool),
 		allocator.WithMetrics(reg),
