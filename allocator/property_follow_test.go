@@ -139,22 +139,21 @@ func (m *machine) deliver(t *rapid.T, pool types.NamespacedName, all bool) {
 }
 
 // deliverPods delivers the current version of every pod of pool, and the
-// departure of every pod delivered before and gone since.
+// departure of every pod of the pool that no longer exists (whatever was
+// delivered or missed of it before).
 func (m *machine) deliverPods(pool types.NamespacedName) {
 	cur, err := world.Input(m.ctx, m.b.raw, pool)
 	m.must(err, "list pool")
-	listed := make(map[string]bool, len(cur.Pods))
 	for i := range cur.Pods {
-		listed[cur.Pods[i].Name] = true
 		m.f.OnPod(nil, &cur.Pods[i])
 	}
-	if last := m.delivered[pool]; last != nil {
-		for i := range last.Pods {
-			if !listed[last.Pods[i].Name] {
-				m.f.OnPod(&last.Pods[i], nil)
-			}
+	for key, pod := range m.m.Pods {
+		if pod.Pool == pool && !pod.Exists {
+			gone := &corev1.Pod{}
+			gone.Namespace, gone.Name = key.Namespace, key.Name
+			gone.Labels = map[string]string{testenv.PoolLabel: pool.Name}
+			m.f.OnPod(gone, nil)
 		}
-		last.Pods = cur.Pods
 	}
 }
 
