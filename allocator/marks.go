@@ -89,7 +89,6 @@ func (r *round) patchMarks(jobs []*markJob) {
 }
 
 type markJob struct {
-	w     *write // nil for a held pod marked after the fact
 	ci    *claimInfo
 	pi    *podInfo
 	value string   // the mark to write; "" removes it
@@ -206,7 +205,7 @@ func (r *round) markJobs(w *write) []*markJob {
 			refused = append(refused, name)
 			continue
 		}
-		jobs = append(jobs, &markJob{w: w, ci: w.ci, pi: pi, value: w.ci.key, edit: e})
+		jobs = append(jobs, &markJob{ci: w.ci, pi: pi, value: w.ci.key, edit: e})
 	}
 	switch {
 	case len(refused) == 0:
