@@ -57,6 +57,9 @@ const (
 	PoolLabel = poolv1.PoolLabel
 	// ClassLabel names the class (the pod template) a pod was made for.
 	ClassLabel = "poolalloc.io/class"
+	// ClaimLabel names the claim a pod is handed to, while it is (the
+	// mark hook sets it in the write that marks the pod).
+	ClaimLabel = "poolalloc.io/claim"
 	// ManagedByLabel marks the pods this operator created.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedBy is ManagedByLabel's value.
@@ -280,7 +283,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		// a Service that routes to a claim's pods) in the write that
 		// marks it, and unlabelled in the write that unmarks it.
 		allocator.WithMarkHook(func(p allocator.MarkedPod) allocator.PodChange {
-			return allocator.PodChange{Labels: map[string]string{"poolalloc.io/claim": p.Claim.Claim.Name}}
+			return allocator.PodChange{Labels: map[string]string{ClaimLabel: p.Claim.Claim.Name}}
 		}),
 		allocator.WithClaimType(&poolv1.Claim{}),
 		allocator.WithClaimPool(claimPool),

@@ -129,6 +129,13 @@ func TestOperator(t *testing.T) {
 			require.True(t, ok, "pod %s of claim %s exists", p, name)
 			require.True(t, podLive(&pod), "pod %s of claim %s is live", p, name)
 			require.Equal(t, name+"/"+string(cl.UID), pod.Annotations[allocator.DefaultPodMarkKey], "mark of pod %s", p)
+			require.Equal(t, name, pod.Labels[ClaimLabel], "claim label of pod %s (the mark hook)", p)
+		}
+	}
+	// A pod no claim holds carries no claim label: the unmark took it off.
+	for p, pod := range s.pods {
+		if holder[p] == "" {
+			require.NotContains(t, pod.Labels, ClaimLabel, "idle pod %s", p)
 		}
 	}
 	require.Len(t, holder, wanted)
