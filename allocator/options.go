@@ -69,8 +69,12 @@ type RecycleRequest struct {
 // each pod being recycled until it reports done; a pod that no longer exists
 // counts as recycled without a call. With pod marks it is called only once
 // the allocator proved the pod's mark names req.Claim (see RecycleRequest),
-// so a recycler that takes no precondition (a restart) never acts on a pod
-// handed to another claim. It must be safe for concurrent use. A panic in
+// so a recycler that takes no precondition (a restart) is not called for a
+// pod handed to another claim. The proof holds at its version only: a
+// recycler that acts on the pod takes RecycleRequest.UID and
+// ResourceVersion as preconditions, or another allocator may have
+// recycled and released the pod before it acts (docs/design.md §7). It
+// must be safe for concurrent use. A panic in
 // it is an ErrRecycle for that pod.
 type Recycler func(ctx context.Context, req RecycleRequest) (done bool, err error)
 

@@ -23,6 +23,7 @@ package allocator_test
 //	unexposed-mark      I13: a mark whose claim's record never listed the pod (exemptUnexposedMark)
 //	recycle-gone        recycler live mark: no pod has the name of the pod recycled (exemptRecycleGone)
 //	recycle-recreated   recycler live mark: the pod under the name has another UID (exemptRecycleGone)
+//	recycle-superseded  recycler live mark: the pod changed since the fence the call rests on (exemptRecycleGone)
 //	owner-released      I7: the owner's release annotation named the pod (dropReasons)
 //	terminating         I7: the claim is terminating (dropReasons, exemptDrop)
 //	beyond-want         I7: the claim held more than it wanted (dropReasons)
@@ -69,6 +70,7 @@ const (
 	exUnexposedMark
 	exRecycleGone
 	exRecycleRecreated
+	exRecycleSuperseded
 	exOwnerReleased
 	exTerminating
 	exBeyondWant
@@ -100,6 +102,7 @@ var mmExemptionNames = [mmExemptions]string{
 	exUnexposedMark:     "unexposed-mark",
 	exRecycleGone:       "recycle-gone",
 	exRecycleRecreated:  "recycle-recreated",
+	exRecycleSuperseded: "recycle-superseded",
 	exOwnerReleased:     "owner-released",
 	exTerminating:       "terminating",
 	exBeyondWant:        "beyond-want",
@@ -408,13 +411,23 @@ func (m *mmMachine) exemptUnexposedMark(pod *mmPod, c *mmClaim) bool {
 // gone carries no mark, the allocator may learn it only from its next
 // listing (a pod that left the listing counts as recycled without a
 // call), and a recycler that uses the request's UID as a precondition, as
-// allocator.RecycleDelete does, touches no other pod.
+// allocator.RecycleDelete does, touches no other pod. It also relaxes the
+// check when the pod changed since the fence the call rests on
+// (recycle-superseded): the fence proves the mark at that version only.
 func (m *mmMachine) exemptRecycleGone(req allocator.RecycleRequest, pod *corev1.Pod, found bool) bool {
 	switch {
 	case !found:
 		return m.use(exRecycleGone)
 	case req.UID != "" && pod.UID != req.UID:
 		return m.use(exRecycleRecreated)
+	case req.ResourceVersion != "" && pod.ResourceVersion != req.ResourceVersion:
+		// The fence proved the mark at req.ResourceVersion; the pod has
+		// changed since (another allocator recycled it for the same claim
+		// at once and released it, say). Nothing can fence a recycler
+		// call that writes nothing beyond that moment: a recycler that
+		// acts on the pod takes req.ResourceVersion as a precondition
+		// (allocator.RecycleRequest), and it fails then.
+		return m.use(exRecycleSuperseded)
 	}
 	return false
 }
