@@ -54,7 +54,10 @@ type InMemory struct {
 	pools map[types.NamespacedName]*poolIndex
 }
 
-var _ AllocationStore = (*InMemory)(nil)
+var (
+	_ AllocationStore = (*InMemory)(nil)
+	_ BulkWriter      = (*InMemory)(nil)
+)
 
 // testHookLookedUp, when not nil, runs in Allocate and Free between looking
 // a pool's index up and locking it, so that tests can run DeletePool in
@@ -192,10 +195,7 @@ func (s *InMemory) lookupOrCreate(pool types.NamespacedName) *poolIndex {
 // Allocate records that h holds pods in pool, all or nothing. See
 // Writer.Allocate and the InMemory type documentation.
 func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) error {
-	if h.UID == "" {
-		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
-	}
-	if err := checkNames(pool, pods); err != nil {
+	if err := checkAllocate(pool, h, pods); err != nil {
 		return err
 	}
 	if len(pods) == 0 {
@@ -217,6 +217,59 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 		p.mu.Unlock()
 		return err
 	}
+}
+
+// AllocateAll makes allocs in order under one lock, the pool's index
+// sized for them first. See BulkWriter.AllocateAll.
+func (s *InMemory) AllocateAll(pool types.NamespacedName, allocs []Allocation) (int, error) {
+	pods := 0
+	for _, a := range allocs {
+		pods += len(a.Pods)
+	}
+	if pods == 0 {
+		// As many Allocates of no pods: only the arguments are checked.
+		for k, a := range allocs {
+			if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
+				return k, err
+			}
+		}
+		return len(allocs), nil
+	}
+	for {
+		p := s.lookupOrCreate(pool)
+		if testHookLookedUp != nil {
+			testHookLookedUp()
+		}
+		p.mu.Lock()
+		if p.dead {
+			p.mu.Unlock()
+			continue
+		}
+		k, err := p.allocateAll(pool, allocs, pods)
+		p.mu.Unlock()
+		return k, err
+	}
+}
+
+// allocateAll does AllocateAll's work on a live index, whose lock the
+// caller holds; pods is how many pods allocs hold in all.
+func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, pods int) (int, error) {
+	if len(p.pods) == 0 {
+		p.pods = make(map[string]*claimPods, pods)
+	}
+	p.claims.Grow(p.claims.Len() + len(allocs))
+	for k, a := range allocs {
+		if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
+			return k, err
+		}
+		if len(a.Pods) == 0 {
+			continue
+		}
+		if err := p.allocate(pool, a.Holder, a.Pods); err != nil {
+			return k, err
+		}
+	}
+	return len(allocs), nil
 }
 
 // allocate does Allocate's work on a live index. The caller holds p.mu and
@@ -461,6 +514,14 @@ func comparePools(a, b types.NamespacedName) int {
 		return c
 	}
 	return cmp.Compare(a.Name, b.Name)
+}
+
+// checkAllocate checks Allocate's arguments: a UID, and no empty name.
+func checkAllocate(pool types.NamespacedName, h Holder, pods []string) error {
+	if h.UID == "" {
+		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
+	}
+	return checkNames(pool, pods)
 }
 
 // checkNames reports the first empty pod name in pods.
