@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -408,6 +408,11 @@ func (a *defaultAllocator) finish(p *pool, err error) error {
 func (a *defaultAllocator) setHolds(ci *claimInfo, holds bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.setHoldsLocked(ci, holds)
+}
+
+// setHoldsLocked is setHolds for a caller holding a.mu.
+func (a *defaultAllocator) setHoldsLocked(ci *claimInfo, holds bool) {
 	uid, name := ci.uid(), ci.pool.name
 	first := a.claimPools.Get(string(uid))
 	more := a.morePools[uid]
@@ -548,8 +553,11 @@ type pool struct {
 	// still shows such a pod at that version or older does not bring it
 	// back (allocated lazily).
 	tombs map[string]podTomb
-	// places are the pods' podPlaces.
-	places map[string]*podPlace
+	// places are the pods' podPlaces by placeKey, those with the same key
+	// chained through podPlace.next; placeSeed seeds placeKey, and is set
+	// when the pool is made.
+	places    map[uint64]*podPlace
+	placeSeed maphash.Seed
 	// storeErr is the first error the store returned on a read since the
 	// last round reported it. The round's concurrent writes read the store
 	// too: storeMu guards it.
@@ -690,15 +698,25 @@ func (p *pool) addClaim(ci *claimInfo) {
 // the order they were met in, after the others.
 func (p *pool) orderArrivals() {
 	if len(p.arrived) > 1 {
-		nums := make([]uint32, len(p.arrived))
-		for i, ci := range p.arrived {
-			nums[i] = ci.arrival
+		// Each claim's key is read once: a recovery brings thousands.
+		type keyed struct {
+			key uint64
+			ci  *claimInfo
 		}
-		slices.SortStableFunc(p.arrived, func(a, b *claimInfo) int {
-			return cmp.Compare(arrivalKey(a), arrivalKey(b))
-		})
+		ks := make([]keyed, len(p.arrived))
 		for i, ci := range p.arrived {
-			ci.arrival = nums[i]
+			ks[i] = keyed{arrivalKey(ci), ci}
+		}
+		byKey := func(a, b keyed) int { return cmp.Compare(a.key, b.key) }
+		if !slices.IsSortedFunc(ks, byKey) {
+			nums := make([]uint32, len(p.arrived))
+			for i, ci := range p.arrived {
+				nums[i] = ci.arrival
+			}
+			slices.SortStableFunc(ks, byKey)
+			for i := range ks {
+				ks[i].ci.arrival = nums[i]
+			}
 		}
 	}
 	clear(p.arrived)
@@ -733,6 +751,7 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 		settling:  make(map[*podInfo]struct{}),
 		metrics:   a.cfg.metrics,
 		tomark:    make(map[string]types.UID),
+		placeSeed: maphash.MakeSeed(),
 	}
 }
 
@@ -926,6 +945,8 @@ type podPlace struct {
 	labels     podLabels
 	// nodeLabels are the node's labels (WithNodeLabels), nil without.
 	nodeLabels podLabels
+	// next is another place with the same placeKey.
+	next *podPlace
 }
 
 // podLabels are a pod's labels as the algorithm sees them
@@ -948,24 +969,23 @@ const maxPlaces = 1 << 14
 // placeOf returns the podPlace of node and labels that the pool's pods
 // share: pods of one template on one node share one. With nodeLabels
 // (WithNodeLabels) a new one reads the node's labels once; its zone is the
-// pod's zone label, else the node's.
+// pod's zone label, else the node's. Finding a place the pool has costs no
+// allocation.
 func (p *pool) placeOf(node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
-	var b strings.Builder
-	b.WriteString(node)
-	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		b.WriteByte(0)
-		b.WriteString(k)
-		b.WriteByte(0)
-		b.WriteString(labels[k])
-	}
-	k := b.String()
-	if pl := p.places[k]; pl != nil {
-		return pl
+	return p.placeAt(p.placeKey(node, labels), node, labels, nodeLabels)
+}
+
+// placeAt is placeOf given k, the placeKey of node and labels.
+func (p *pool) placeAt(k uint64, node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
+	for pl := p.places[k]; pl != nil; pl = pl.next {
+		if pl.node == node && maps.Equal(pl.labels, podLabels(labels)) {
+			return pl
+		}
 	}
 	if p.places == nil || len(p.places) >= maxPlaces {
-		p.places = make(map[string]*podPlace)
+		p.places = make(map[uint64]*podPlace)
 	}
-	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}
+	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels), next: p.places[k]}
 	if nodeLabels != nil && node != "" {
 		pl.nodeLabels = maps.Clone(nodeLabels(node))
 		if pl.zone == "" {
@@ -974,6 +994,17 @@ func (p *pool) placeOf(node string, labels map[string]string, nodeLabels func(st
 	}
 	p.places[k] = pl
 	return pl
+}
+
+// placeKey hashes a node and a label set, whatever order the labels come
+// in: the sum of a hash of each label's key and value. It only reads the
+// pool's seed, and may run on several goroutines at once.
+func (p *pool) placeKey(node string, labels map[string]string) uint64 {
+	h := maphash.String(p.placeSeed, node)
+	for k, v := range labels {
+		h += maphash.String(p.placeSeed, k)*0x9e3779b97f4a7c15 ^ maphash.String(p.placeSeed, v)
+	}
+	return h
 }
 
 // samePlace reports whether pi's place is node and labels.
@@ -1136,7 +1167,10 @@ func (c *claimInfo) setPlacement(pl algorithm.Placement) bool {
 	if old != nil && sameSelector(old.Selector, pl.Selector) && old.Class == pl.Class && old.Topology == pl.Topology && old.Gang == pl.Gang {
 		return false
 	}
-	c.edit().placement = &pl
+	// A copy, so that only a placement kept costs an allocation (pl
+	// itself would escape on every call).
+	kept := pl
+	c.edit().placement = &kept
 	return true
 }
 

@@ -29,6 +29,12 @@ func (l *seenList[T]) add(v T) {
 	*l = append(*l, stamp[T]{v: v})
 }
 
+// addSeen is add, then see in round gen.
+func (l *seenList[T]) addSeen(v T, gen uint64) {
+	*v.seenIdx() = int32(len(*l))
+	*l = append(*l, stamp[T]{v: v, seen: gen})
+}
+
 // remove takes v's place back; v not in the list is ignored.
 func (l *seenList[T]) remove(v T) {
 	if l.at(v) == nil {

@@ -221,7 +221,11 @@ func (p *pool) removeFree(pi *podInfo) {
 // passive is the state the listing and the store give pi, and the claim
 // that holds it (nil if none; unknownHolder when the store cannot say).
 func (p *pool) passive(pi *podInfo) (podState, *claimInfo) {
-	holder := p.holderOf(pi)
+	return p.passiveAs(pi, p.holderOf(pi))
+}
+
+// passiveAs is passive for a pod whose holder the caller knows.
+func (p *pool) passiveAs(pi *podInfo, holder *claimInfo) (podState, *claimInfo) {
 	switch {
 	case holder != nil && pi.present && pi.ready:
 		return stateHeld, holder

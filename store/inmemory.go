@@ -106,8 +106,10 @@ type claimPods struct {
 	ns   *string
 	name string
 	// pods are the names of the pods the claim holds, in no order; never
-	// empty while the claim is in its pool's claims.
+	// empty while the claim is in its pool's claims. A claim that comes
+	// with one pod keeps it in one, which costs no allocation of its own.
 	pods []string
+	one  [1]string
 }
 
 // claimUID is the key of claimPods in poolIndex.claims.
@@ -290,7 +292,12 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder().Claim)
 	}
 	if !known {
-		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name, pods: make([]string, 0, len(pods))}
+		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name}
+		if len(pods) == 1 {
+			c.pods = c.one[:0]
+		} else {
+			c.pods = make([]string, 0, len(pods))
+		}
 		if h.Claim.Namespace != p.ns {
 			ns := h.Claim.Namespace
 			c.ns = &ns

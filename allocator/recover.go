@@ -1,0 +1,620 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/poolalloc/poolalloc/internal/index"
+	spread "github.com/poolalloc/poolalloc/internal/parallel"
+	"github.com/poolalloc/poolalloc/store"
+	"github.com/poolalloc/poolalloc/syncer"
+)
+
+// Recovery (docs/design.md I5): a pool's first Round rebuilds its state
+// from the listing, the claims' records and, with pod marks, the pods'
+// marks. It is one pass over the listing:
+//
+//   - prepare checks the input (as validateInput does) and makes the
+//     pods' and claims' entries, decoding every claim's record, spread
+//     over the cores (spread.Split): each pod and claim is independent.
+//     It changes nothing of the pool.
+//   - installPods puts the pods in the pool, in listing order, each in the
+//     state an empty store gives it (the store forgets the pool first).
+//   - recover takes the records in, one claim at a time in listing order:
+//     a record that lists pods marked for its claim (the common case)
+//     costs one store write; anything else goes through takeIn's rules.
+//     Then the marks that no record backs are resolved.
+//   - A claim that ends the recovery holding what it wants, with nothing
+//     pending, is not planned in the round, and no version of it is kept
+//     (as settle would drop it at the round's end): only claims with
+//     something to do cost the round more than their entries.
+//
+// A pool whose recovery failed (a record it cannot read) keeps its pods;
+// the next Round observes them as any round does and recovers the claims
+// again (recover without a prepared listing).
+
+// minSplit is the least number of pods or claims prepare gives a core:
+// below it, a goroutine costs more than it saves.
+const minSplit = 256
+
+// listing is a pool's first listing, checked and made into entries by
+// prepare.
+type listing struct {
+	pods   []*podInfo // the entries of the input's pods, in its order
+	at     []podAt    // where each runs
+	podIdx index.Index[*podInfo]
+	claims []recClaim // the input's claims, in its order
+	claIdx index.Index[*claimInfo]
+}
+
+// podAt is where a pod of a listing runs, read by prepare for
+// installPods: its node and labels, and their placeKey.
+type podAt struct {
+	key    uint64
+	node   string
+	labels map[string]string
+}
+
+// recClaim is a listed claim met at recovery: its entry (with its
+// record's release lists), its object as listed, and the pods its record
+// holds.
+type recClaim struct {
+	ci   *claimInfo
+	obj  client.Object
+	held []string
+	// err says why the record cannot be read (the pool is blocked); warn
+	// why its release list cannot (reported, and taken as empty).
+	err, warn error
+}
+
+// prepare checks a pool's first input as validateInput does, returning
+// the same error for the first problem in the input's order, and makes
+// the entries of its pods and claims, decoding the claims' records. The
+// readiness rule and the syncer's Read run on several goroutines at once.
+// It changes nothing of the pool.
+func (r *round) prepare(in Input) (*listing, error) {
+	l := &listing{pods: make([]*podInfo, len(in.Pods)), at: make([]podAt, len(in.Pods))}
+	firstBad := newFirstIndex(len(in.Pods))
+	spread.Split(len(in.Pods), minSplit, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			pod := &in.Pods[i]
+			if pod.Name == "" || pod.Namespace != r.p.name.Namespace || len(pod.Name) > maxPodName {
+				firstBad.note(i)
+				return
+			}
+			l.pods[i] = r.newListedPod(pod)
+			l.at[i] = podAt{r.p.placeKey(pod.Spec.NodeName, pod.Labels), pod.Spec.NodeName, pod.Labels}
+		}
+	})
+	l.podIdx = index.New((*podInfo).name, len(in.Pods))
+	for i, pi := range l.pods {
+		if i == firstBad.at() {
+			return nil, checkPod(r.p.name, i, &in.Pods[i])
+		}
+		if _, added := l.podIdx.Insert(pi); !added {
+			return nil, errPodTwice(r.p.name, pi.name())
+		}
+	}
+	claims, badClaim := r.prepareClaims(in.Claims)
+	l.claims = claims
+	l.claIdx = index.New(claimUID, len(claims))
+	for i := range claims {
+		if i == badClaim {
+			return nil, checkClaim(r.p.name, i, in.Claims[i])
+		}
+		if _, added := l.claIdx.Insert(claims[i].ci); !added {
+			return nil, errClaimTwice(r.p.name, claims[i].obj)
+		}
+	}
+	return l, nil
+}
+
+// firstIndex is the least index noted by the bodies of a parallel.Split.
+type firstIndex struct{ i atomic.Int64 }
+
+// newFirstIndex returns a firstIndex at n, which no index of [0, n) is.
+func newFirstIndex(n int) *firstIndex {
+	f := &firstIndex{}
+	f.i.Store(int64(n))
+	return f
+}
+
+// note records index i.
+func (f *firstIndex) note(i int) {
+	for {
+		at := f.i.Load()
+		if int64(i) >= at || f.i.CompareAndSwap(at, int64(i)) {
+			return
+		}
+	}
+}
+
+// at returns the least index noted.
+func (f *firstIndex) at() int { return int(f.i.Load()) }
+
+// newListedPod makes the entry of a pod listed for the first time: what a
+// listing says of it (observePod for a new pod, with no entry to compare
+// with). Its mark is kept as listed; recover resolves it.
+func (r *round) newListedPod(pod *corev1.Pod) *podInfo {
+	pi := newPodInfo(pod.Name, pod.UID)
+	pi.present, pi.rv = true, pod.ResourceVersion
+	if key := r.a.cfg.markKey; key != "" {
+		if mark := pod.Annotations[key]; mark != "" {
+			pi.mark, pi.markRV = mark, rvNum(pod.ResourceVersion)
+		}
+	}
+	r.readStatus(pi, pod)
+	return pi
+}
+
+// readStatus takes in what pod says of pi's readiness.
+func (r *round) readStatus(pi *podInfo, pod *corev1.Pod) {
+	// A pod being deleted is never handed out, whatever the readiness
+	// rule says (OpenSandbox's, for one, looks only at phase and the
+	// Ready condition, which a terminating pod keeps for a while).
+	pi.ready = pod.DeletionTimestamp == nil && r.a.cfg.ready(pod)
+	pi.wasReady = pi.wasReady || pi.ready
+	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// prepareClaims checks claims as validateInput does (bad is the first that
+// fails, len(claims) if none) and makes their entries and decodes their
+// records, on several goroutines for many claims.
+func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
+	out = make([]recClaim, len(claims))
+	firstBad := newFirstIndex(len(claims))
+	spread.Split(len(claims), minSplit, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			c := claims[i]
+			if checkClaim(r.p.name, i, c) != nil {
+				firstBad.note(i)
+				return
+			}
+			f := &out[i]
+			f.ci, f.obj = r.claimInfoOf(c), c.Object
+			var rec syncer.Record
+			rec, f.warn, f.err = readRecord(r.a.cfg.syncer, c.Object)
+			if f.err == nil {
+				f.held = heldOf(rec)
+				f.ci.setRelease(rec.Release)
+				f.ci.setReleased(rec.Released)
+			}
+		}
+	})
+	return out, firstBad.at()
+}
+
+// heldOf is rec.Held(), which recovery only reads: rec.Allocated itself
+// when it has no repeat and Released is empty (the common record of one
+// or a few pods), with no copy made.
+func heldOf(rec syncer.Record) []string {
+	const few = 16 // pairs compared, rather than a set built
+	if len(rec.Released) > 0 || len(rec.Allocated) > few {
+		return rec.Held()
+	}
+	for i, pod := range rec.Allocated {
+		if slices.Contains(rec.Allocated[:i], pod) {
+			return rec.Held()
+		}
+	}
+	return rec.Allocated
+}
+
+// claimInfoOf makes the entry of a claim listed for the first time, in
+// r's pool. Its version is not kept yet: recover keeps it for the claims
+// the round may write (see recover), observeClaim always.
+func (r *round) claimInfoOf(c Claim) *claimInfo {
+	o := c.Object
+	// The claim's namespace is the pool's (checked): one string for all.
+	ci := &claimInfo{
+		want:        int32(c.Want),
+		priority:    c.Priority,
+		created:     unixNanos(o.GetCreationTimestamp().Time),
+		terminating: o.GetDeletionTimestamp() != nil,
+	}
+	ci.setIdent(r.p, o.GetName(), o.GetUID())
+	ci.setPlacement(c.Placement)
+	if r.a.cfg.metrics != nil && c.Want > 0 && !ci.terminating {
+		// Waiting since its creation, until plan finds it holds all it
+		// wants (a claim recovered with its pods, say).
+		since := ci.createdAt()
+		if since.IsZero() || since.After(r.now) {
+			since = r.now
+		}
+		ci.setWaitSince(since)
+	}
+	ci.addRV(o.GetResourceVersion())
+	return ci
+}
+
+// newClaimInfo is claimInfoOf with the version kept.
+func (r *round) newClaimInfo(c Claim) *claimInfo {
+	ci := r.claimInfoOf(c)
+	r.p.setObj(ci, c.Object, r.a.cfg)
+	return ci
+}
+
+// readRecord decodes a claim's record with s. A malformed release list is
+// the owner's request, not something the allocator wrote: it is returned
+// as warn and taken as empty. Anything else unreadable is err, which makes
+// the pool fail closed.
+func readRecord(s syncer.AllocationSyncer, o client.Object) (rec syncer.Record, warn, err error) {
+	rec, err = s.Read(o)
+	if err == nil {
+		// A syncer of the caller's may not check names as the default
+		// one does.
+		for _, pods := range [...][]string{rec.Allocated, rec.Release, rec.Released} {
+			for _, pod := range pods {
+				if pod == "" || len(pod) > maxPodName {
+					return rec, nil, fmt.Errorf("%w: %q is not a pod name", syncer.ErrMalformedRecord, pod)
+				}
+			}
+		}
+		return rec, nil, nil
+	}
+	if errors.Is(err, syncer.ErrMalformedRelease) {
+		rec.Release = nil
+		return rec, err, nil
+	}
+	return rec, nil, err
+}
+
+// readRecord is readRecord for a claim of the round: a warning is
+// reported, an error is the pool's (blocked).
+func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error) {
+	rec, warn, err := readRecord(r.a.cfg.syncer, o)
+	r.recordRead(ci, warn, err)
+	if err != nil {
+		return rec, r.blocked(ci.uid(), ci.name(), err)
+	}
+	return rec, nil
+}
+
+// recordRead reports warn, a release list ci's record cannot be read.
+func (r *round) recordRead(ci *claimInfo, warn, err error) {
+	if warn != nil && err == nil {
+		r.warn(r.claimErr(ci, fmt.Errorf("%w: %w", ErrInvalidRelease, warn)))
+	}
+}
+
+// first is the round of a pool that has no state yet (made by this call
+// if made): prepare, installPods, recover, then a round as any other. An
+// input prepare refuses leaves a pool this call made to no one.
+func (r *round) first(in Input, made bool) (Result, error) {
+	p := r.p
+	l, err := r.prepare(in)
+	if err != nil {
+		if made {
+			r.a.drop(p, false) // nothing of it was kept
+		}
+		return *r.res, err
+	}
+	// A pool starts from an empty store (see drop).
+	if err := r.a.cfg.store.DeletePool(p.name); err != nil {
+		return *r.res, fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
+	}
+	r.installPods(l)
+	if err := r.recover(in.Claims, l); err != nil {
+		r.report()
+		return *r.res, err
+	}
+	r.setProto(in.Claims)
+	r.listIdle = true
+	return r.run()
+}
+
+// installPods makes l's pods the pool's, in the pool's first round, the
+// store holding nothing of the pool: each is listed in this round and in
+// the state the listing gives it with no holder.
+func (r *round) installPods(l *listing) {
+	p := r.p
+	p.pods = l.podIdx
+	p.podSeen = slices.Grow(p.podSeen[:0], len(l.pods))
+	for i, pi := range l.pods {
+		p.podSeen.addSeen(pi, p.gen)
+		at := &l.at[i]
+		pi.place = p.placeAt(at.key, at.node, at.labels, r.a.cfg.nodeLabels)
+		p.toPassiveAs(pi, nil)
+	}
+}
+
+// recover rebuilds the pool's allocations from the claims' records (with
+// prep, as prepare made them; otherwise it decodes them). It changes
+// nothing unless every record can be read. Without pod marks a pod listed
+// by two claims blocks the pool; with them, the marks decide.
+func (r *round) recover(claims []Claim, l *listing) error {
+	p, a := r.p, r.a
+	var prep []recClaim
+	if l != nil {
+		prep = l.claims
+	} else {
+		// The input was checked (scan): nothing is refused here.
+		prep, _ = r.prepareClaims(claims)
+	}
+	var owner map[string]*claimInfo
+	if !r.marks() {
+		owner = make(map[string]*claimInfo, len(prep))
+	}
+	for i := range prep {
+		f := &prep[i]
+		r.recordRead(f.ci, f.warn, f.err)
+		if f.err != nil {
+			return r.blocked(f.ci.uid(), f.ci.name(), f.err)
+		}
+		for _, pod := range f.held {
+			if owner == nil {
+				break
+			}
+			if other, dup := owner[pod]; dup {
+				return r.blocked(f.ci.uid(), f.ci.name(), fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
+					syncer.ErrMalformedRecord, pod, other.name(), other.uid()))
+			}
+			owner[pod] = f.ci
+		}
+	}
+	if l != nil {
+		p.claims = l.claIdx // installPods found the store empty
+	} else {
+		if err := a.cfg.store.DeletePool(p.name); err != nil {
+			return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
+		}
+		p.nHeldPods = 0
+		for _, pi := range p.pods.Entries() {
+			pi.strays = 0
+			p.reset(pi)
+		}
+		p.claims = index.New(claimUID, len(prep))
+		for i := range prep {
+			p.claims.Set(prep[i].ci)
+		}
+	}
+	p.dirty = make(map[*claimInfo]struct{})
+	for _, s := range p.claimSeen {
+		s.v.idx = -1
+	}
+	clear(p.claimSeen)
+	p.claimSeen = slices.Grow(p.claimSeen[:0], len(prep))
+	for i := range prep {
+		ci := prep[i].ci
+		p.addClaim(ci)
+		p.seeClaim(ci)
+		ci.listed = true
+	}
+	// How many pods each claim was given here.
+	given := make([]int32, len(prep))
+	if r.marks() {
+		r.takeInMarked(prep, given)
+		// A marked pod held now is held by the claim its mark names
+		// (takeName gives a marked pod to no other): resolveMark would
+		// leave it as it is. The others' marks are resolved.
+		var check []*podInfo
+		for _, s := range p.podSeen {
+			if pi := s.v; pi.mark != "" && pi.state != stateHeld && pi.state != stateLost || pi.mark == "" && pi.state.held() {
+				check = append(check, pi)
+			}
+		}
+		for _, pi := range check { // resolveMark may change podSeen
+			pi.mark = p.markString(pi.mark) // the claims are in now
+			r.resolveMark(pi)
+		}
+		r.check = r.check[:0]
+	} else {
+		r.takeInUnmarked(prep, given)
+	}
+	r.setHoldsAll(prep, given)
+	// Claims with something to do are planned; the others keep nothing of
+	// their version.
+	for i := range prep {
+		ci := prep[i].ci
+		if r.quiet(ci, given[i]) {
+			ci.ver = settledVer
+			continue
+		}
+		p.setObj(ci, prep[i].obj, a.cfg)
+		p.dirty[ci] = struct{}{}
+	}
+	p.recovered = true
+	p.forgetMoves()
+	return nil
+}
+
+// takeInMarked takes in the records of prep at recovery (pod marks on),
+// as takeIn does a record version newer than any known: nothing is held or
+// reserved yet. The pods a record lists that are listed and marked for its
+// claim (the common case) are given to it, all claims' in one store write
+// (allocateAll); every other entry then goes through takeName. given[i] is
+// how many pods prep[i] was given the first way (takeName marks a claim it
+// gives a pod to dirty).
+//
+// Giving the marked pods first changes nothing takeName decides: at
+// recovery it gives a claim only pods marked for it, and what it decides
+// for a pod marked for another claim, or for an unmarked or missing pod,
+// does not depend on who holds the pods marked for their claims.
+func (r *round) takeInMarked(prep []recClaim, given []int32) {
+	p := r.p
+	n := 0
+	for i := range prep {
+		n += len(prep[i].held)
+	}
+	var (
+		mine   = make([]*podInfo, 0, n) // the pods given, claim after claim
+		names  = make([]string, 0, n)   // their names
+		allocs = make([]store.Allocation, 0, len(prep))
+		of     = make([]int, 0, len(prep)) // the claim of each allocation
+		rest   = make(map[int][]string)
+	)
+	for i := range prep {
+		f := &prep[i]
+		f.ci.recRV = rvNum(f.ci.rv)
+		start := len(mine)
+		for _, name := range f.held {
+			if pi := p.pods.Get(name); pi != nil && pi.present && p.markNames(pi, f.ci) {
+				mine = append(mine, pi)
+				names = append(names, pi.name())
+			} else {
+				rest[i] = append(rest[i], name)
+			}
+		}
+		if len(mine) > start {
+			allocs = append(allocs, store.Allocation{Holder: f.ci.holder(), Pods: names[start:len(mine):len(mine)]})
+			of = append(of, i)
+		}
+	}
+	failed := r.allocateAll(allocs)
+	next := 0
+	for k, al := range allocs {
+		i, pods := of[k], mine[next:next+len(al.Pods)]
+		next += len(al.Pods)
+		ci := prep[i].ci
+		if err := failed[k]; err != nil {
+			r.storeFail(ci, err)
+			rest[i] = append(rest[i], al.Pods...) // not given: stray entries
+			continue
+		}
+		given[i] = int32(len(pods))
+		for _, pi := range pods {
+			p.nHeldPods++
+			if pi.mark == ci.key {
+				pi.mark = ci.key // one string for the claim and its pods' marks
+			}
+			p.toPassiveAs(pi, ci)
+		}
+	}
+	for i := range prep { // in the listing's order
+		names, ok := rest[i]
+		if !ok {
+			continue
+		}
+		ci := prep[i].ci
+		var strays []string
+		for _, name := range names {
+			if !r.takeName(ci, name, 0) {
+				strays = append(strays, name)
+			}
+		}
+		if len(strays) > 0 {
+			r.setStrays(ci, strays)
+		}
+	}
+}
+
+// markNames reports whether pi's mark names ci.
+func (p *pool) markNames(pi *podInfo, ci *claimInfo) bool {
+	return pi.mark == ci.key || pi.mark != "" && pi.markUID(p.name) == ci.uid()
+}
+
+// takeInUnmarked takes in the records of prep at recovery without pod
+// marks: each is believed, the pods it lists held unless its claim holds
+// them in another pool that recovered already (it moved). given[i] is how
+// many pods prep[i] was given.
+func (r *round) takeInUnmarked(prep []recClaim, given []int32) {
+	p, a := r.p, r.a
+	var (
+		allocs []store.Allocation
+		of     []int
+	)
+	for i := range prep {
+		ci, held := prep[i].ci, prep[i].held
+		if other, ok := a.heldElsewhere(ci.uid(), p.name); ok {
+			// Pods a moved claim holds in a pool that already recovered
+			// stay there.
+			held = slices.DeleteFunc(slices.Clone(held), func(pod string) bool {
+				h, held, err := a.cfg.store.HolderOf(other, pod)
+				return err == nil && held && h.UID == ci.uid()
+			})
+		}
+		if len(held) == 0 {
+			continue
+		}
+		names := make([]string, len(held))
+		for j, name := range held {
+			if pi := p.pods.Get(name); pi != nil {
+				name = pi.name() // the pod's own string, not the record's copy
+			}
+			names[j] = name
+		}
+		allocs = append(allocs, store.Allocation{Holder: ci.holder(), Pods: names})
+		of = append(of, i)
+	}
+	failed := r.allocateAll(allocs)
+	for k, al := range allocs {
+		i := of[k]
+		ci := prep[i].ci
+		if err := failed[k]; err != nil {
+			r.storeFail(ci, fmt.Errorf("recover: %w", err))
+			continue
+		}
+		given[i] = int32(len(al.Pods))
+		for _, name := range al.Pods {
+			p.nHeldPods++
+			p.toPassiveAs(p.podOrNew(name), ci)
+		}
+	}
+}
+
+// allocateAll makes allocs in the store, in order, with one call if the
+// store is a store.BulkWriter; failed[k] is the error of allocs[k], nil
+// if it was made.
+func (r *round) allocateAll(allocs []store.Allocation) (failed []error) {
+	failed = make([]error, len(allocs))
+	if b, ok := r.a.cfg.store.(store.BulkWriter); ok {
+		for done := 0; done < len(allocs); {
+			k, err := b.AllocateAll(r.p.name, allocs[done:])
+			if err == nil {
+				break
+			}
+			failed[done+k] = err
+			done += k + 1
+		}
+		return failed
+	}
+	for k, al := range allocs {
+		failed[k] = r.a.cfg.store.Allocate(r.p.name, al.Holder, al.Pods)
+	}
+	return failed
+}
+
+// setHoldsAll records, under one lock, which claims of prep hold pods in
+// the pool (setHolds).
+func (r *round) setHoldsAll(prep []recClaim, given []int32) {
+	a := r.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.claimPools.Grow(a.claimPools.Len() + len(prep))
+	for i := range prep {
+		if given[i] > 0 {
+			a.setHoldsLocked(prep[i].ci, true)
+		}
+	}
+}
+
+// quiet reports whether ci, recovered holding n pods, has nothing for the
+// round to do: as settled says, and nothing the plan would change (no
+// selector to check its pods against, no lost pod to replace). Such a
+// claim is not planned, and no version of it is kept: a write reads it
+// again (see letGo).
+func (r *round) quiet(ci *claimInfo, n int32) bool {
+	if _, dirty := r.p.dirty[ci]; dirty {
+		return false
+	}
+	if n != ci.want || ci.terminating || ci.rewrite || ci.recycling() > 0 || len(ci.release()) > 0 || len(ci.strays()) > 0 ||
+		r.a.cfg.replaceLost || ci.placement().Selector != nil {
+		return false
+	}
+	// It holds all it wants (plan's noteWaiting).
+	r.noteWaiting(ci, int(n), int(n))
+	return true
+}
+
+// toPassiveAs moves pi to the passive state the listing gives it with
+// holder as its holder: what the store says, known to the caller, which
+// just wrote it (passive asks the store).
+func (p *pool) toPassiveAs(pi *podInfo, holder *claimInfo) {
+	to, h := p.passiveAs(pi, holder)
+	p.setState(pi, to, h, false)
+}
