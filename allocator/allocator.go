@@ -487,6 +487,11 @@ type pool struct {
 	podSeen seenList[*podInfo]
 	// claimSeen does the same for the claims of claims (claimInfo.idx).
 	claimSeen seenList[*claimInfo]
+	// seenReordered is set once podSeen was put in the order of a
+	// listing's names in memory (scanPodsByAddress): its order is no
+	// longer the history's, and a round takes the pods gone from its
+	// listing in the order of their names.
+	seenReordered bool
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.

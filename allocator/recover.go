@@ -67,9 +67,40 @@ type recClaim struct {
 	ci   *claimInfo
 	obj  client.Object
 	held []string
+	// With pod marks, the pods held are split: those listed and marked
+	// for the claim (one in one, more in mine), which recovery gives it
+	// at once, and the names of the others (rest).
+	one  *podInfo
+	mine []*podInfo
+	rest []string
 	// err says why the record cannot be read (the pool is blocked); warn
 	// why its release list cannot (reported, and taken as empty).
 	err, warn error
+}
+
+// split sorts f's pods, with pod marks, into those listed and marked for
+// its claim and the rest, with pods the pool's pods by name. It only
+// reads pods and their entries.
+func (f *recClaim) split(p *pool, pods *index.Index[*podInfo]) {
+	for _, name := range f.held {
+		if pi := pods.Get(name); pi != nil && pi.present && p.markNames(pi, f.ci) {
+			if f.one == nil {
+				f.one = pi
+			} else {
+				f.mine = append(f.mine, pi)
+			}
+		} else {
+			f.rest = append(f.rest, name)
+		}
+	}
+}
+
+// given returns the pods of f listed and marked for its claim.
+func (f *recClaim) given(out []*podInfo) []*podInfo {
+	if f.one != nil {
+		out = append(out, f.one)
+	}
+	return append(out, f.mine...)
 }
 
 // prepare checks a pool's first input as validateInput does, returning
@@ -100,7 +131,7 @@ func (r *round) prepare(in Input) (*listing, error) {
 			return nil, errPodTwice(r.p.name, pi.name())
 		}
 	}
-	claims, badClaim := r.prepareClaims(in.Claims)
+	claims, badClaim := r.prepareClaims(in.Claims, &l.podIdx)
 	l.claims = claims
 	l.claIdx = index.New(claimUID, len(claims))
 	for i := range claims {
@@ -163,9 +194,10 @@ func (r *round) readStatus(pi *podInfo, pod *corev1.Pod) {
 }
 
 // prepareClaims checks claims as validateInput does (bad is the first that
-// fails, len(claims) if none) and makes their entries and decodes their
-// records, on several goroutines for many claims.
-func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
+// fails, len(claims) if none), makes their entries, decodes their records
+// and, with pod marks, splits the pods each holds (recClaim.split) with
+// pods, the listing's, on several goroutines for many claims.
+func (r *round) prepareClaims(claims []Claim, pods *index.Index[*podInfo]) (out []recClaim, bad int) {
 	out = make([]recClaim, len(claims))
 	firstBad := newFirstIndex(len(claims))
 	spread.Split(len(claims), minSplit, func(lo, hi int) {
@@ -183,6 +215,9 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 				f.held = heldOf(rec)
 				f.ci.setRelease(rec.Release)
 				f.ci.setReleased(rec.Released)
+				if r.marks() {
+					f.split(r.p, pods)
+				}
 			}
 		}
 	})
@@ -334,7 +369,7 @@ func (r *round) recover(claims []Claim, l *listing) error {
 		prep = l.claims
 	} else {
 		// The input was checked (scan): nothing is refused here.
-		prep, _ = r.prepareClaims(claims)
+		prep, _ = r.prepareClaims(claims, &p.pods)
 	}
 	var owner map[string]*claimInfo
 	if !r.marks() {
@@ -392,9 +427,18 @@ func (r *round) recover(claims []Claim, l *listing) error {
 		// A marked pod held now is held by the claim its mark names
 		// (takeName gives a marked pod to no other): resolveMark would
 		// leave it as it is. The others' marks are resolved.
+		// In the listing's order: what resolveMark does may depend on it
+		// (claims known only from marks arrive in that order).
+		listed := r.input
 		var check []*podInfo
-		for _, s := range p.podSeen {
-			if pi := s.v; pi.mark != "" && pi.state != stateHeld && pi.state != stateLost || pi.mark == "" && pi.state.held() {
+		for i := range listed {
+			var pi *podInfo
+			if l != nil {
+				pi = l.pods[i]
+			} else if pi = p.pods.Get(listed[i].Name); pi == nil {
+				continue
+			}
+			if pi.mark != "" && pi.state != stateHeld && pi.state != stateLost || pi.mark == "" && pi.state.held() {
 				check = append(check, pi)
 			}
 		}
@@ -446,19 +490,14 @@ func (r *round) takeInMarked(prep []recClaim, given []int32) {
 		names  = make([]string, 0, n)   // their names
 		allocs = make([]store.Allocation, 0, len(prep))
 		of     = make([]int, 0, len(prep)) // the claim of each allocation
-		rest   = make(map[int][]string)
 	)
 	for i := range prep {
 		f := &prep[i]
 		f.ci.recRV = rvNum(f.ci.rv)
 		start := len(mine)
-		for _, name := range f.held {
-			if pi := p.pods.Get(name); pi != nil && pi.present && p.markNames(pi, f.ci) {
-				mine = append(mine, pi)
-				names = append(names, pi.name())
-			} else {
-				rest[i] = append(rest[i], name)
-			}
+		mine = f.given(mine)
+		for _, pi := range mine[start:] {
+			names = append(names, pi.name())
 		}
 		if len(mine) > start {
 			allocs = append(allocs, store.Allocation{Holder: f.ci.holder(), Pods: names[start:len(mine):len(mine)]})
@@ -473,7 +512,7 @@ func (r *round) takeInMarked(prep []recClaim, given []int32) {
 		ci := prep[i].ci
 		if err := failed[k]; err != nil {
 			r.storeFail(ci, err)
-			rest[i] = append(rest[i], al.Pods...) // not given: stray entries
+			prep[i].rest = append(prep[i].rest, al.Pods...) // not given: stray entries
 			continue
 		}
 		given[i] = int32(len(pods))
@@ -486,13 +525,12 @@ func (r *round) takeInMarked(prep []recClaim, given []int32) {
 		}
 	}
 	for i := range prep { // in the listing's order
-		names, ok := rest[i]
-		if !ok {
+		if len(prep[i].rest) == 0 {
 			continue
 		}
 		ci := prep[i].ci
 		var strays []string
-		for _, name := range names {
+		for _, name := range prep[i].rest {
 			if !r.takeName(ci, name, 0) {
 				strays = append(strays, name)
 			}

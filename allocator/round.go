@@ -14,7 +14,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -46,8 +45,6 @@ type round struct {
 	// failed is set once the store refused a write (storeFail): nothing
 	// more is written in the round.
 	failed bool
-	// warmed keeps what warm read (see scan); it means nothing.
-	warmed int32
 	// strayIdx indexes the claims' strays by pod for newerRecordWins,
 	// built on first use in the round.
 	strayIdx map[string][]*claimInfo
@@ -213,6 +210,10 @@ func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, m
 		if s.seen != p.gen && p.pods.Get(s.v.name()) == s.v {
 			gone = append(gone, s.v)
 		}
+	}
+	if p.seenReordered {
+		// In an order the history decides, as podSeen's is otherwise.
+		slices.SortFunc(gone, func(a, b *podInfo) int { return strings.Compare(a.name(), b.name()) })
 	}
 	for _, pi := range gone {
 		r.podGone(pi.name(), pi)
@@ -480,226 +481,6 @@ func checkClaim(pool types.NamespacedName, i int, c Claim) error {
 
 func errClaimTwice(pool types.NamespacedName, o client.Object) error {
 	return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, pool, client.ObjectKeyFromObject(o), o.GetUID())
-}
-
-// scan checks a round's pods and claims as prepare does, stamps the
-// pods and claims the pool knows as listed in this round, and returns
-// those that observePod and observeClaim must take in: new or changed
-// ones (claims by index). A pod or claim the pool knows, unchanged, costs
-// a map lookup and a comparison. The stamps find the duplicates; a pool's
-// state is not changed when the input is refused.
-//
-// A listing in a stable order (a slice the caller keeps, or a List from the
-// API server, sorted by name) shows the pods and claims in the order of
-// podSeen and claimSeen, which are filled in listing order: scan looks for
-// each one first at the place after the previous one's, which costs no map
-// lookup. For a listing in another order (an informer cache's) it stops
-// looking there after maxHintMisses more misses than hits.
-func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, error) {
-	p := r.p
-	var changedPods []*corev1.Pod
-	var newPods map[string]struct{}
-	var h hint
-	// Both loops go a chunk at a time: a first pass copies out of each
-	// object what the round reads, in a loop short enough for the cache
-	// misses of many objects to overlap (a listing is larger than the
-	// caches); the second works on the copies.
-	var pheads [scanChunk]podHead
-	var pfound [scanChunk]*podInfo
-	for start := 0; start < len(pods); start += scanChunk {
-		chunk := pods[start:min(start+scanChunk, len(pods))]
-		for j := range chunk {
-			m := &chunk[j].ObjectMeta
-			pheads[j] = podHead{name: m.Name, ns: m.Namespace, uid: m.UID, rv: m.ResourceVersion}
-		}
-		batched := h.off()
-		if batched {
-			// A listing in another order than the pool's (an informer
-			// cache's): every pod is found through the map. Looking the
-			// chunk up in one short loop, then touching the entries
-			// found, lets their cache misses overlap.
-			for j := range chunk {
-				pfound[j] = p.pods.Get(pheads[j].name)
-			}
-			r.warmed += warm(pfound[:len(chunk)], p.podSeen)
-		}
-		for j := range chunk {
-			hd := &pheads[j]
-			if hd.name == "" {
-				return nil, nil, checkPod(p.name, start+j, &chunk[j])
-			}
-			var pi *podInfo
-			var st *stamp[*podInfo]
-			if batched {
-				if pi = pfound[j]; pi != nil {
-					st = p.podSeen.at(pi)
-				}
-			} else if h.try(len(p.podSeen)) {
-				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name() == hd.name {
-					pi, st = s.v, s // the entry of pods under that name
-				}
-				h.count(pi != nil)
-			}
-			if pi == nil {
-				if pi = p.pods.Get(hd.name); pi != nil {
-					st = p.podSeen.at(pi)
-				}
-			}
-			if pi == nil {
-				if hd.ns != p.name.Namespace || len(hd.name) > maxPodName {
-					return nil, nil, checkPod(p.name, start+j, &chunk[j])
-				}
-				if newPods == nil {
-					newPods = make(map[string]struct{})
-				}
-				if _, dup := newPods[hd.name]; dup {
-					return nil, nil, errPodTwice(p.name, hd.name)
-				}
-				newPods[hd.name] = struct{}{}
-				changedPods = append(changedPods, &chunk[j])
-				continue
-			}
-			if st.seen == p.gen {
-				return nil, nil, errPodTwice(p.name, hd.name)
-			}
-			st.seen = p.gen
-			h.next = int(pi.idx) + 1
-			if (pi.uid() != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
-				// Changed: checked whole. (A version taken in before was
-				// checked then: its namespace cannot have changed.)
-				if hd.ns != p.name.Namespace {
-					return nil, nil, checkPod(p.name, start+j, &chunk[j])
-				}
-				changedPods = append(changedPods, &chunk[j])
-			} else if pi.recycling() || pi.settling() != nil {
-				r.noteListed(pi, &chunk[j])
-			}
-		}
-	}
-	var changedClaims []int
-	var newClaims map[types.UID]struct{}
-	var cheads [scanChunk]claimHead
-	var cfound [scanChunk]*claimInfo
-	h = hint{}
-	for start := 0; start < len(claims); start += scanChunk {
-		chunk := claims[start:min(start+scanChunk, len(claims))]
-		for j := range chunk {
-			cheads[j] = headOf(chunk[j].Object)
-		}
-		batched := h.off()
-		if batched {
-			for j := range chunk {
-				cfound[j] = p.claims.Get(string(cheads[j].uid))
-			}
-			r.warmed += warm(cfound[:len(chunk)], p.claimSeen)
-		}
-		for j := range chunk {
-			i, hd := start+j, &cheads[j]
-			if c := chunk[j]; c.Object == nil || hd.uid == "" || c.Want < 0 || c.Want > math.MaxInt32 {
-				return nil, nil, checkClaim(p.name, i, c)
-			}
-			var ci *claimInfo
-			var st *stamp[*claimInfo]
-			if batched {
-				if ci = cfound[j]; ci != nil {
-					st = p.claimSeen.at(ci)
-				}
-			} else if h.try(len(p.claimSeen)) {
-				if s := &p.claimSeen[h.next]; s.v.uid() == hd.uid {
-					ci, st = s.v, s // the entry of claims under uid
-				}
-				h.count(ci != nil)
-			}
-			if ci == nil {
-				if ci = p.claims.Get(string(hd.uid)); ci != nil {
-					st = p.claimSeen.at(ci)
-				}
-			}
-			if ci == nil {
-				if chunk[j].Object.GetNamespace() != p.name.Namespace {
-					return nil, nil, checkClaim(p.name, i, chunk[j])
-				}
-				if newClaims == nil {
-					newClaims = make(map[types.UID]struct{})
-				}
-				if _, dup := newClaims[hd.uid]; dup {
-					return nil, nil, errClaimTwice(p.name, chunk[j].Object)
-				}
-				newClaims[hd.uid] = struct{}{}
-				changedClaims = append(changedClaims, i)
-				continue
-			}
-			if st.seen == p.gen {
-				return nil, nil, errClaimTwice(p.name, chunk[j].Object)
-			}
-			st.seen = p.gen
-			h.next = int(ci.idx) + 1
-			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed ||
-				hd.rv == ci.rv && (int64(chunk[j].Want) != int64(ci.want) || chunk[j].Priority != ci.priority) {
-				if chunk[j].Object.GetNamespace() != p.name.Namespace {
-					return nil, nil, checkClaim(p.name, i, chunk[j])
-				}
-				changedClaims = append(changedClaims, i)
-			}
-		}
-	}
-	return changedPods, changedClaims, nil
-}
-
-// scanChunk is how many pods or claims scan reads ahead at a time.
-const scanChunk = 64
-
-// podHead and claimHead are what scan reads of a listed pod or claim.
-type podHead struct {
-	name, ns string
-	uid      types.UID
-	rv       string
-}
-
-type claimHead struct {
-	uid types.UID
-	rv  string
-}
-
-// headOf reads a claim's UID and resourceVersion: from its ObjectMeta
-// directly when it has one (a typed claim), through the object's methods
-// otherwise.
-func headOf(o client.Object) claimHead {
-	if a, ok := o.(metav1.ObjectMetaAccessor); ok {
-		if m, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok && m != nil {
-			return claimHead{uid: m.UID, rv: m.ResourceVersion}
-		}
-	}
-	if o == nil {
-		return claimHead{}
-	}
-	return claimHead{uid: o.GetUID(), rv: o.GetResourceVersion()}
-}
-
-// maxHintMisses bounds how many more misses than hits a hint may have in a
-// scan before it is no longer tried.
-const maxHintMisses = 64
-
-// hint is where scan looks first for the next pod or claim of a listing:
-// at next in podSeen or claimSeen.
-type hint struct {
-	next         int
-	hits, misses int
-}
-
-// off reports whether the hint has missed too often to be tried again in
-// this scan.
-func (h *hint) off() bool { return h.misses > h.hits+maxHintMisses }
-
-// try reports whether to look at next, in an array of n.
-func (h *hint) try(n int) bool { return h.next < n && h.misses <= h.hits+maxHintMisses }
-
-func (h *hint) count(hit bool) {
-	if hit {
-		h.hits++
-	} else {
-		h.misses++
-	}
 }
 
 // unchanged reports whether a listed version of pi with resourceVersion rv

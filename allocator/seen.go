@@ -74,20 +74,22 @@ func (l seenList[T]) seenIn(v T, gen uint64) bool {
 	return s != nil && s.seen == gen
 }
 
-// warm reads the entries found for a chunk of a listing, and their stamps,
-// in one short loop before they are used one by one: the cache misses of
-// independent loads overlap, where the loop that uses them would take
-// them one after another. nil entries are skipped. The sum it returns
-// means nothing: the caller keeps it so that the loads stay.
-func warm[T stamped](found []T, l seenList[T]) int32 {
-	var zero T
-	var sum int32
-	for _, v := range found {
-		if v != zero {
-			if i := *v.seenIdx(); i >= 0 && int(i) < len(l) {
-				sum += int32(l[i].seen)
-			}
+// reorder puts first, entries of l each once, at the head of l in that
+// order, and the others after them in their order.
+func (l *seenList[T]) reorder(first []T) {
+	old := *l
+	out := make(seenList[T], 0, len(old))
+	for _, v := range first {
+		out = append(out, old[*v.seenIdx()])
+		*v.seenIdx() = -1 // taken
+	}
+	for _, s := range old {
+		if *s.v.seenIdx() >= 0 {
+			out = append(out, s)
 		}
 	}
-	return sum
+	for i, s := range out {
+		*s.v.seenIdx() = int32(i)
+	}
+	*l = out
 }

@@ -93,6 +93,61 @@ func (x *Index[E]) Get(k string) E {
 	}
 }
 
+// ManyMax is the most keys GetMany looks up at once.
+const ManyMax = 64
+
+// GetMany sets out[i] to Get(keys[i]) for each of keys, at most ManyMax
+// of them (out has room for them). It looks them up in stages: every key's
+// hash, then every key's home slot, then every entry its tag leads to,
+// then every entry's key compared. The cache misses of one stage are of
+// different keys, independent of each other, so that the processor waits
+// for them at once rather than one after another: for keys in no
+// particular order in an index larger than the caches, that is several
+// times faster than as many Gets.
+func (x *Index[E]) GetMany(keys []string, out []E) {
+	var zero E
+	if x.n == 0 {
+		clear(out[:len(keys)])
+		return
+	}
+	var (
+		at  [ManyMax]int32 // the slot where a key's probe stopped
+		tag [ManyMax]uint8
+		key [ManyMax]string // the key of the entry at that slot
+	)
+	for i, k := range keys {
+		s, t := x.hash(k)
+		at[i], tag[i] = int32(s), t
+	}
+	for i := range keys {
+		// The first slot that holds k's tag, or is empty.
+		s := int(at[i])
+		for {
+			t := x.groups[s>>3].tags[s&7]
+			if t == 0 || t == tag[i] {
+				break
+			}
+			s = (s + 1) & x.mask
+		}
+		at[i] = int32(s)
+	}
+	for i := range keys {
+		s := int(at[i])
+		g := &x.groups[s>>3]
+		if g.tags[s&7] == 0 {
+			out[i] = zero
+			continue
+		}
+		out[i] = g.entries[s&7]
+		key[i] = x.Key(out[i])
+	}
+	for i, k := range keys {
+		if out[i] != zero && key[i] != k {
+			out[i] = x.Get(k) // another key with the same tag came first
+		}
+	}
+}
+
 // Set puts e in the index, in place of the entry with its key if any.
 func (x *Index[E]) Set(e E) {
 	x.room()

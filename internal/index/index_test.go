@@ -52,6 +52,16 @@ func TestIsAMap(t *testing.T) {
 				x.Del(k)
 				delete(model, k)
 			},
+			"getMany": func(t *rapid.T) {
+				ks := rapid.SliceOfN(keys, 0, ManyMax).Draw(t, "keys")
+				out := make([]*indexEntry, len(ks))
+				x.GetMany(ks, out)
+				for i, k := range ks {
+					if out[i] != model[k] {
+						t.Fatalf("getMany %v: %s is %v, want %v", ks, k, out[i], model[k])
+					}
+				}
+			},
 			"get": func(t *rapid.T) {
 				k := keys.Draw(t, "key")
 				if got, want := x.Get(k), model[k]; got != want {
