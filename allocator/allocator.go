@@ -58,7 +58,11 @@ type Claim struct {
 }
 
 // Input is what a round works on: a pool, its pods and its claims, as the
-// caller lists them. A listing may come from a lagging informer cache.
+// caller lists them, in any order. A listing may come from a lagging
+// informer cache, whose lists come out in a new order every time; a round
+// reads such a listing in an order of its own, that of where its names
+// are in memory (see the README, Performance). The round changes nothing
+// of the input.
 type Input struct {
 	// Pool names the pool. Its namespace is the namespace of all its pods
 	// and claims.
@@ -572,8 +576,11 @@ type pool struct {
 	// in the current round: the pool fails closed.
 	violation error
 	// moved are the pods whose state changed in the current call, checked
-	// at its end (checkMoved).
-	moved []*podInfo
+	// at its end (checkMoved). rebuilding is set while recovery rebuilds
+	// every pod's state, whose moves checkMoved skips (forgetMoves): they
+	// are not recorded.
+	moved      []*podInfo
+	rebuilding bool
 	// dead is set when the pool's state was dropped (ForgetPool, or the
 	// pool failed closed): a round that waited for mu looks the pool up
 	// again.

@@ -64,12 +64,11 @@ type podAt struct {
 // record's release lists), its object as listed, and the pods its record
 // holds.
 type recClaim struct {
-	ci   *claimInfo
-	obj  client.Object
-	held []string
-	// With pod marks, the pods held are split: those listed and marked
+	ci  *claimInfo
+	obj client.Object
+	// The pods its record holds: with pod marks, those listed and marked
 	// for the claim (one in one, more in mine), which recovery gives it
-	// at once, and the names of the others (rest).
+	// at once, then the names of the others (rest); without, all in rest.
 	one  *podInfo
 	mine []*podInfo
 	rest []string
@@ -78,11 +77,28 @@ type recClaim struct {
 	err, warn error
 }
 
-// split sorts f's pods, with pod marks, into those listed and marked for
-// its claim and the rest, with pods the pool's pods by name. It only
-// reads pods and their entries.
+// splitAll splits the pods of the claims of prep whose records can be read
+// (split), on several goroutines for many claims: with pod marks only.
+func (r *round) splitAll(prep []recClaim, pods *index.Index[*podInfo]) {
+	if !r.marks() {
+		return
+	}
+	spread.Split(len(prep), minSplit, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if prep[i].err == nil {
+				prep[i].split(r.p, pods)
+			}
+		}
+	})
+}
+
+// split sorts the pods f's record holds (in rest) into those listed and
+// marked for its claim and the rest, with pods the pool's pods by name. It
+// only reads pods and their entries.
 func (f *recClaim) split(p *pool, pods *index.Index[*podInfo]) {
-	for _, name := range f.held {
+	held := f.rest
+	f.rest = nil
+	for _, name := range held {
 		if pi := pods.Get(name); pi != nil && pi.present && p.markNames(pi, f.ci) {
 			if f.one == nil {
 				f.one = pi
@@ -122,25 +138,49 @@ func (r *round) prepare(in Input) (*listing, error) {
 			l.at[i] = podAt{r.p.placeKey(pod.Spec.NodeName, pod.Labels), pod.Spec.NodeName, pod.Labels}
 		}
 	})
-	l.podIdx = index.New((*podInfo).name, len(in.Pods))
-	for i, pi := range l.pods {
-		if i == firstBad.at() {
-			return nil, checkPod(r.p.name, i, &in.Pods[i])
+	// The pods' index, while the claims' records are decoded; then the
+	// claims' index, while their pods are found in the pods'.
+	var (
+		podErr, claimErr error
+		badClaim         int
+	)
+	both(func() {
+		l.podIdx = index.New((*podInfo).name, len(in.Pods))
+		for i, pi := range l.pods {
+			if i == firstBad.at() {
+				podErr = checkPod(r.p.name, i, &in.Pods[i])
+				return
+			}
+			if _, added := l.podIdx.Insert(pi); !added {
+				podErr = errPodTwice(r.p.name, pi.name())
+				return
+			}
 		}
-		if _, added := l.podIdx.Insert(pi); !added {
-			return nil, errPodTwice(r.p.name, pi.name())
-		}
+	}, func() {
+		l.claims, badClaim = r.prepareClaims(in.Claims)
+	})
+	if podErr != nil {
+		return nil, podErr
 	}
-	claims, badClaim := r.prepareClaims(in.Claims, &l.podIdx)
-	l.claims = claims
-	l.claIdx = index.New(claimUID, len(claims))
-	for i := range claims {
-		if i == badClaim {
-			return nil, checkClaim(r.p.name, i, in.Claims[i])
+	both(func() {
+		l.claIdx = index.New(claimUID, len(l.claims))
+		for i := range l.claims {
+			if i == badClaim {
+				claimErr = checkClaim(r.p.name, i, in.Claims[i])
+				return
+			}
+			if _, added := l.claIdx.Insert(l.claims[i].ci); !added {
+				claimErr = errClaimTwice(r.p.name, l.claims[i].obj)
+				return
+			}
 		}
-		if _, added := l.claIdx.Insert(claims[i].ci); !added {
-			return nil, errClaimTwice(r.p.name, claims[i].obj)
+	}, func() {
+		if badClaim == len(l.claims) {
+			r.splitAll(l.claims, &l.podIdx)
 		}
+	})
+	if claimErr != nil {
+		return nil, claimErr
 	}
 	return l, nil
 }
@@ -193,11 +233,24 @@ func (r *round) readStatus(pi *podInfo, pod *corev1.Pod) {
 	pi.ending = pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
+// both runs a and b at once, on two cores if there are.
+func both(a, b func()) {
+	spread.Split(2, 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if i == 0 {
+				a()
+			} else {
+				b()
+			}
+		}
+	})
+}
+
 // prepareClaims checks claims as validateInput does (bad is the first that
-// fails, len(claims) if none), makes their entries, decodes their records
-// and, with pod marks, splits the pods each holds (recClaim.split) with
-// pods, the listing's, on several goroutines for many claims.
-func (r *round) prepareClaims(claims []Claim, pods *index.Index[*podInfo]) (out []recClaim, bad int) {
+// fails, len(claims) if none), makes their entries and decodes their
+// records, on several goroutines for many claims. Without pod marks the
+// pods each record holds are in rest; with them, splitAll sorts them.
+func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 	out = make([]recClaim, len(claims))
 	firstBad := newFirstIndex(len(claims))
 	spread.Split(len(claims), minSplit, func(lo, hi int) {
@@ -212,12 +265,9 @@ func (r *round) prepareClaims(claims []Claim, pods *index.Index[*podInfo]) (out 
 			var rec syncer.Record
 			rec, f.warn, f.err = readRecord(r.a.cfg.syncer, c.Object)
 			if f.err == nil {
-				f.held = heldOf(rec)
 				f.ci.setRelease(rec.Release)
 				f.ci.setReleased(rec.Released)
-				if r.marks() {
-					f.split(r.p, pods)
-				}
+				f.rest = heldOf(rec)
 			}
 		}
 	})
@@ -333,8 +383,19 @@ func (r *round) first(in Input, made bool) (Result, error) {
 	if err := r.a.cfg.store.DeletePool(p.name); err != nil {
 		return *r.res, fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
 	}
-	r.installPods(l)
-	if err := r.recover(in.Claims, l); err != nil {
+	var g *gifts
+	err = r.readable(l.claims)
+	if err == nil && r.marks() {
+		// The store writes that give the claims their marked pods touch
+		// nothing of the pool: they go on while the pods are put in.
+		both(func() { r.installPods(l) }, func() { g = r.giveMarked(l.claims) })
+	} else {
+		r.installPods(l)
+	}
+	if err == nil {
+		err = r.rebuild(l.claims, l, g)
+	}
+	if err != nil {
 		r.report()
 		return *r.res, err
 	}
@@ -358,19 +419,34 @@ func (r *round) installPods(l *listing) {
 	}
 }
 
-// recover rebuilds the pool's allocations from the claims' records (with
-// prep, as prepare made them; otherwise it decodes them). It changes
-// nothing unless every record can be read. Without pod marks a pod listed
-// by two claims blocks the pool; with them, the marks decide.
-func (r *round) recover(claims []Claim, l *listing) error {
-	p, a := r.p, r.a
-	var prep []recClaim
-	if l != nil {
-		prep = l.claims
-	} else {
-		// The input was checked (scan): nothing is refused here.
-		prep, _ = r.prepareClaims(claims, &p.pods)
+// recover rebuilds the pool's allocations from the claims' records, in a
+// round of a pool whose recovery failed before (first did it otherwise):
+// its pods are in, each observed. It changes nothing unless every record
+// can be read.
+func (r *round) recover(claims []Claim) error {
+	p := r.p
+	// The input was checked (scan): nothing is refused here.
+	prep, _ := r.prepareClaims(claims)
+	r.splitAll(prep, &p.pods)
+	if err := r.readable(prep); err != nil {
+		return err
 	}
+	if err := r.a.cfg.store.DeletePool(p.name); err != nil {
+		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
+	}
+	p.nHeldPods = 0
+	for _, pi := range p.pods.Entries() {
+		pi.strays = 0
+		p.reset(pi)
+	}
+	return r.rebuild(prep, nil, nil)
+}
+
+// readable reports the first claim of prep, in the listing's order, whose
+// record cannot be read (the pool is blocked), and, without pod marks, the
+// first that lists a pod an earlier one lists; it reports the release
+// lists it cannot read before it. It changes nothing of the pool.
+func (r *round) readable(prep []recClaim) error {
 	var owner map[string]*claimInfo
 	if !r.marks() {
 		owner = make(map[string]*claimInfo, len(prep))
@@ -381,7 +457,7 @@ func (r *round) recover(claims []Claim, l *listing) error {
 		if f.err != nil {
 			return r.blocked(f.ci.uid(), f.ci.name(), f.err)
 		}
-		for _, pod := range f.held {
+		for _, pod := range f.rest {
 			if owner == nil {
 				break
 			}
@@ -392,17 +468,21 @@ func (r *round) recover(claims []Claim, l *listing) error {
 			owner[pod] = f.ci
 		}
 	}
+	return nil
+}
+
+// rebuild takes the claims of prep, every record readable, into a pool
+// whose pods are in and whose store holds nothing, or, with g, the marked
+// pods giveMarked gave (with l, the claims' index prepare made). Claims
+// with something to do are marked dirty; the others keep nothing of their
+// version (quiet).
+func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
+	p, a := r.p, r.a
+	p.rebuilding = true
+	defer func() { p.rebuilding = false }()
 	if l != nil {
-		p.claims = l.claIdx // installPods found the store empty
+		p.claims = l.claIdx
 	} else {
-		if err := a.cfg.store.DeletePool(p.name); err != nil {
-			return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
-		}
-		p.nHeldPods = 0
-		for _, pi := range p.pods.Entries() {
-			pi.strays = 0
-			p.reset(pi)
-		}
 		p.claims = index.New(claimUID, len(prep))
 		for i := range prep {
 			p.claims.Set(prep[i].ci)
@@ -423,12 +503,15 @@ func (r *round) recover(claims []Claim, l *listing) error {
 	// How many pods each claim was given here.
 	given := make([]int32, len(prep))
 	if r.marks() {
-		r.takeInMarked(prep, given)
+		if g == nil {
+			g = r.giveMarked(prep)
+		}
+		r.takeInMarked(prep, g, given)
 		// A marked pod held now is held by the claim its mark names
 		// (takeName gives a marked pod to no other): resolveMark would
-		// leave it as it is. The others' marks are resolved.
-		// In the listing's order: what resolveMark does may depend on it
-		// (claims known only from marks arrive in that order).
+		// leave it as it is. The others' marks are resolved, in the
+		// listing's order: what resolveMark does may depend on it (claims
+		// known only from marks arrive in that order).
 		listed := r.input
 		var check []*podInfo
 		for i := range listed {
@@ -449,10 +532,8 @@ func (r *round) recover(claims []Claim, l *listing) error {
 		r.check = r.check[:0]
 	} else {
 		r.takeInUnmarked(prep, given)
+		r.setHoldsAll(prep, given)
 	}
-	r.setHoldsAll(prep, given)
-	// Claims with something to do are planned; the others keep nothing of
-	// their version.
 	for i := range prep {
 		ci := prep[i].ci
 		if r.quiet(ci, given[i]) {
@@ -467,50 +548,81 @@ func (r *round) recover(claims []Claim, l *listing) error {
 	return nil
 }
 
+// gifts are the marked pods giveMarked gave: the pods of allocs[k], whose
+// names are its Pods, are mine[at[k]:at[k+1]], for prep[of[k]]; failed[k]
+// is the store's error when they were not given.
+type gifts struct {
+	allocs []store.Allocation
+	mine   []*podInfo
+	at, of []int
+	failed []error
+}
+
+// giveMarked gives each claim of prep the pods its record lists that are
+// listed and marked for it (recClaim.split), all claims in one store
+// write (allocateAll), and records which claims hold pods (setHolds). It
+// touches nothing of the pool but its store: it may run while the pods
+// are put in (installPods). takeInMarked takes what it gave in.
+func (r *round) giveMarked(prep []recClaim) *gifts {
+	n := 0
+	for i := range prep {
+		n += len(prep[i].mine) + 1
+	}
+	g := &gifts{
+		mine:   make([]*podInfo, 0, n),
+		allocs: make([]store.Allocation, 0, len(prep)),
+		at:     make([]int, 0, len(prep)+1),
+		of:     make([]int, 0, len(prep)),
+	}
+	names := make([]string, 0, n)
+	for i := range prep {
+		f := &prep[i]
+		start := len(g.mine)
+		g.mine = f.given(g.mine)
+		if len(g.mine) == start {
+			continue
+		}
+		for _, pi := range g.mine[start:] {
+			names = append(names, pi.name())
+		}
+		g.allocs = append(g.allocs, store.Allocation{Holder: f.ci.holder(), Pods: names[start:len(g.mine):len(g.mine)]})
+		g.at, g.of = append(g.at, start), append(g.of, i)
+	}
+	g.at = append(g.at, len(g.mine))
+	g.failed = r.allocateAll(g.allocs)
+	a := r.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.claimPools.Grow(a.claimPools.Len() + len(g.allocs))
+	for k := range g.allocs {
+		if g.failed[k] == nil {
+			a.setHoldsLocked(prep[g.of[k]].ci, true)
+		}
+	}
+	return g
+}
+
 // takeInMarked takes in the records of prep at recovery (pod marks on),
 // as takeIn does a record version newer than any known: nothing is held or
 // reserved yet. The pods a record lists that are listed and marked for its
-// claim (the common case) are given to it, all claims' in one store write
-// (allocateAll); every other entry then goes through takeName. given[i] is
-// how many pods prep[i] was given the first way (takeName marks a claim it
-// gives a pod to dirty).
+// claim (the common case) were given by g (giveMarked); every other entry
+// goes through takeName, claim after claim in the listing's order.
+// given[i] is how many pods prep[i] was given by g (takeName marks a claim
+// it gives a pod to dirty).
 //
 // Giving the marked pods first changes nothing takeName decides: at
 // recovery it gives a claim only pods marked for it, and what it decides
 // for a pod marked for another claim, or for an unmarked or missing pod,
 // does not depend on who holds the pods marked for their claims.
-func (r *round) takeInMarked(prep []recClaim, given []int32) {
+func (r *round) takeInMarked(prep []recClaim, g *gifts, given []int32) {
 	p := r.p
-	n := 0
 	for i := range prep {
-		n += len(prep[i].held)
+		prep[i].ci.recRV = rvNum(prep[i].ci.rv)
 	}
-	var (
-		mine   = make([]*podInfo, 0, n) // the pods given, claim after claim
-		names  = make([]string, 0, n)   // their names
-		allocs = make([]store.Allocation, 0, len(prep))
-		of     = make([]int, 0, len(prep)) // the claim of each allocation
-	)
-	for i := range prep {
-		f := &prep[i]
-		f.ci.recRV = rvNum(f.ci.rv)
-		start := len(mine)
-		mine = f.given(mine)
-		for _, pi := range mine[start:] {
-			names = append(names, pi.name())
-		}
-		if len(mine) > start {
-			allocs = append(allocs, store.Allocation{Holder: f.ci.holder(), Pods: names[start:len(mine):len(mine)]})
-			of = append(of, i)
-		}
-	}
-	failed := r.allocateAll(allocs)
-	next := 0
-	for k, al := range allocs {
-		i, pods := of[k], mine[next:next+len(al.Pods)]
-		next += len(al.Pods)
+	for k, al := range g.allocs {
+		i, pods := g.of[k], g.mine[g.at[k]:g.at[k+1]]
 		ci := prep[i].ci
-		if err := failed[k]; err != nil {
+		if err := g.failed[k]; err != nil {
 			r.storeFail(ci, err)
 			prep[i].rest = append(prep[i].rest, al.Pods...) // not given: stray entries
 			continue
@@ -557,7 +669,7 @@ func (r *round) takeInUnmarked(prep []recClaim, given []int32) {
 		of     []int
 	)
 	for i := range prep {
-		ci, held := prep[i].ci, prep[i].held
+		ci, held := prep[i].ci, prep[i].rest
 		if other, ok := a.heldElsewhere(ci.uid(), p.name); ok {
 			// Pods a moved claim holds in a pool that already recovered
 			// stay there.

@@ -221,7 +221,7 @@ func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, m
 	if !p.recovered {
 		// An earlier recovery failed: the pods are observed, the claims
 		// recovered now.
-		if err := r.recover(in.Claims, nil); err != nil {
+		if err := r.recover(in.Claims); err != nil {
 			r.report()
 			return res, err
 		}

@@ -163,7 +163,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 		pi.setClaim(nil, time.Time{})
 	}
 	pi.state = to
-	if n := len(p.moved); n == 0 || p.moved[n-1] != pi { // a pod's moves come in runs
+	if n := len(p.moved); !p.rebuilding && (n == 0 || p.moved[n-1] != pi) { // a pod's moves come in runs
 		p.moved = append(p.moved, pi)
 	}
 	// Enter to.

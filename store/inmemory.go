@@ -18,7 +18,8 @@ import (
 // enough to look a pool up (or, on a pool's first Allocate, to add it).
 //
 // Allocate and HolderOf cost time proportional to the pods in the call,
-// not to the pool, and Free to the pods in the call and those its claim
+// not to the pool (AllocateAll, for a BulkWriter, makes its allocations
+// under one lock, the pool's index sized for them first), and Free to the pods in the call and those its claim
 // holds (a few pods are each found by a scan of the claim's pods, more in
 // one pass over them); Count costs constant time and
 // allocates nothing; Held sorts only the claim's pods. Snapshot, Holders
