@@ -456,6 +456,11 @@ func (a *defaultAllocator) setHoldsLocked(ci *claimInfo, holds bool) {
 func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.heldElsewhereLocked(uid, name)
+}
+
+// heldElsewhereLocked is heldElsewhere for a caller holding a.mu.
+func (a *defaultAllocator) heldElsewhereLocked(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	if first := a.claimPools.Get(string(uid)); first != nil && first.pool.name != name {
 		return first.pool.name, true
 	}

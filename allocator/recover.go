@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/internal/index"
@@ -66,9 +67,10 @@ type podAt struct {
 type recClaim struct {
 	ci  *claimInfo
 	obj client.Object
-	// The pods its record holds: with pod marks, those listed and marked
-	// for the claim (one in one, more in mine), which recovery gives it
-	// at once, then the names of the others (rest); without, all in rest.
+	// The pods its record holds (split): with pod marks, those listed and
+	// marked for the claim (one in one, more in mine), which recovery
+	// gives it at once, then the names of the others (rest); without, the
+	// entries of those the pool has, then the names of the others.
 	one  *podInfo
 	mine []*podInfo
 	rest []string
@@ -78,28 +80,26 @@ type recClaim struct {
 }
 
 // splitAll splits the pods of the claims of prep whose records can be read
-// (split), on several goroutines for many claims: with pod marks only.
+// (split), on several goroutines for many claims.
 func (r *round) splitAll(prep []recClaim, pods *index.Index[*podInfo]) {
-	if !r.marks() {
-		return
-	}
 	spread.Split(len(prep), minSplit, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			if prep[i].err == nil {
-				prep[i].split(r.p, pods)
+				prep[i].split(r.p, pods, r.marks())
 			}
 		}
 	})
 }
 
-// split sorts the pods f's record holds (in rest) into those listed and
-// marked for its claim and the rest, with pods the pool's pods by name. It
-// only reads pods and their entries.
-func (f *recClaim) split(p *pool, pods *index.Index[*podInfo]) {
+// split sorts the pods f's record holds (in rest) with pods, the pool's
+// pods by name: with marks, into those listed and marked for its claim and
+// the rest; without, into those the pool has an entry for and the names of
+// the others. It only reads pods and their entries.
+func (f *recClaim) split(p *pool, pods *index.Index[*podInfo], marks bool) {
 	held := f.rest
 	f.rest = nil
 	for _, name := range held {
-		if pi := pods.Get(name); pi != nil && pi.present && p.markNames(pi, f.ci) {
+		if pi := pods.Get(name); pi != nil && (!marks || pi.present && p.markNames(pi, f.ci)) {
 			if f.one == nil {
 				f.one = pi
 			} else {
@@ -111,12 +111,25 @@ func (f *recClaim) split(p *pool, pods *index.Index[*podInfo]) {
 	}
 }
 
-// given returns the pods of f listed and marked for its claim.
+// given appends to out the entries split found (with marks, of the pods
+// listed and marked for f's claim).
 func (f *recClaim) given(out []*podInfo) []*podInfo {
 	if f.one != nil {
 		out = append(out, f.one)
 	}
 	return append(out, f.mine...)
+}
+
+// names appends to out the names of all the pods f's record holds: those
+// of given, then the rest.
+func (f *recClaim) names(out []string) []string {
+	if f.one != nil {
+		out = append(out, f.one.name())
+	}
+	for _, pi := range f.mine {
+		out = append(out, pi.name())
+	}
+	return append(out, f.rest...)
 }
 
 // prepare checks a pool's first input as validateInput does, returning
@@ -248,8 +261,8 @@ func both(a, b func()) {
 
 // prepareClaims checks claims as validateInput does (bad is the first that
 // fails, len(claims) if none), makes their entries and decodes their
-// records, on several goroutines for many claims. Without pod marks the
-// pods each record holds are in rest; with them, splitAll sorts them.
+// records, on several goroutines for many claims. The pods each record
+// holds are in rest, for splitAll to sort.
 func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 	out = make([]recClaim, len(claims))
 	firstBad := newFirstIndex(len(claims))
@@ -457,10 +470,10 @@ func (r *round) readable(prep []recClaim) error {
 		if f.err != nil {
 			return r.blocked(f.ci.uid(), f.ci.name(), f.err)
 		}
-		for _, pod := range f.rest {
-			if owner == nil {
-				break
-			}
+		if owner == nil {
+			continue
+		}
+		for _, pod := range f.names(nil) {
 			if other, dup := owner[pod]; dup {
 				return r.blocked(f.ci.uid(), f.ci.name(), fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
 					syncer.ErrMalformedRecord, pod, other.name(), other.uid()))
@@ -660,49 +673,72 @@ func (p *pool) markNames(pi *podInfo, ci *claimInfo) bool {
 
 // takeInUnmarked takes in the records of prep at recovery without pod
 // marks: each is believed, the pods it lists held unless its claim holds
-// them in another pool that recovered already (it moved). given[i] is how
-// many pods prep[i] was given.
+// them in another pool that recovered already (it moved), all claims in
+// one store write. given[i] is how many pods prep[i] was given.
 func (r *round) takeInUnmarked(prep []recClaim, given []int32) {
 	p, a := r.p, r.a
+	// The claims held in another pool (moved), found under one lock.
+	var elsewhere map[int]types.NamespacedName
+	a.mu.Lock()
+	for i := range prep {
+		if other, ok := a.heldElsewhereLocked(prep[i].ci.uid(), p.name); ok {
+			if elsewhere == nil {
+				elsewhere = make(map[int]types.NamespacedName)
+			}
+			elsewhere[i] = other
+		}
+	}
+	a.mu.Unlock()
+	n := 0
+	for i := range prep {
+		n += len(prep[i].mine) + 1 + len(prep[i].rest)
+	}
 	var (
-		allocs []store.Allocation
-		of     []int
+		names  = make([]string, 0, n)   // the pods' own strings, not the records' copies
+		pis    = make([]*podInfo, 0, n) // their entries, nil where there is none yet
+		allocs = make([]store.Allocation, 0, len(prep))
+		of     = make([]int, 0, 2*len(prep)) // where each allocation's pods start, and its claim
 	)
 	for i := range prep {
-		ci, held := prep[i].ci, prep[i].rest
-		if other, ok := a.heldElsewhere(ci.uid(), p.name); ok {
+		f := &prep[i]
+		start := len(names)
+		pis = f.given(pis)
+		names = f.names(names)
+		for range f.rest {
+			pis = append(pis, nil)
+		}
+		if other, ok := elsewhere[i]; ok {
 			// Pods a moved claim holds in a pool that already recovered
 			// stay there.
-			held = slices.DeleteFunc(slices.Clone(held), func(pod string) bool {
+			kept := slices.DeleteFunc(names[start:], func(pod string) bool {
 				h, held, err := a.cfg.store.HolderOf(other, pod)
-				return err == nil && held && h.UID == ci.uid()
+				return err == nil && held && h.UID == f.ci.uid()
 			})
+			names, pis = names[:start+len(kept)], pis[:start+len(kept)]
+			clear(pis[start:]) // found by name
 		}
-		if len(held) == 0 {
-			continue
+		if len(names) > start {
+			allocs = append(allocs, store.Allocation{Holder: f.ci.holder(), Pods: names[start:len(names):len(names)]})
+			of = append(of, start)
+			of = append(of, i)
 		}
-		names := make([]string, len(held))
-		for j, name := range held {
-			if pi := p.pods.Get(name); pi != nil {
-				name = pi.name() // the pod's own string, not the record's copy
-			}
-			names[j] = name
-		}
-		allocs = append(allocs, store.Allocation{Holder: ci.holder(), Pods: names})
-		of = append(of, i)
 	}
 	failed := r.allocateAll(allocs)
 	for k, al := range allocs {
-		i := of[k]
+		start, i := of[2*k], of[2*k+1]
 		ci := prep[i].ci
 		if err := failed[k]; err != nil {
 			r.storeFail(ci, fmt.Errorf("recover: %w", err))
 			continue
 		}
 		given[i] = int32(len(al.Pods))
-		for _, name := range al.Pods {
+		for j, name := range al.Pods {
+			pi := pis[start+j]
+			if pi == nil {
+				pi = p.podOrNew(name)
+			}
 			p.nHeldPods++
-			p.toPassiveAs(p.podOrNew(name), ci)
+			p.toPassiveAs(pi, ci)
 		}
 	}
 }
