@@ -59,10 +59,9 @@ type Claim struct {
 
 // Input is what a round works on: a pool, its pods and its claims, as the
 // caller lists them, in any order. A listing may come from a lagging
-// informer cache, whose lists come out in a new order every time; a round
-// reads such a listing in an order of its own, that of where its names
-// are in memory (see the README, Performance). The round changes nothing
-// of the input.
+// informer cache, whose lists come out in a new order every time (such a
+// listing costs a round more than one in a fixed order: see the README,
+// Performance). The round changes nothing of the input.
 type Input struct {
 	// Pool names the pool. Its namespace is the namespace of all its pods
 	// and claims.
@@ -496,11 +495,6 @@ type pool struct {
 	podSeen seenList[*podInfo]
 	// claimSeen does the same for the claims of claims (claimInfo.idx).
 	claimSeen seenList[*claimInfo]
-	// seenReordered is set once podSeen was put in the order of a
-	// listing's names in memory (scanPodsByAddress): its order is no
-	// longer the history's, and a round takes the pods gone from its
-	// listing in the order of their names.
-	seenReordered bool
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.

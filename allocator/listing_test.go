@@ -22,7 +22,7 @@ import (
 )
 
 // A listing large enough that scan gives up its hint on a shuffled copy
-// (maxHintMisses) and takes the rest by address.
+// (maxHintMisses) and finds the rest in stages.
 const bigListing = 400
 
 // shuffled returns in with its pods and claims in an order drawn from

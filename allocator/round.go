@@ -211,10 +211,6 @@ func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, m
 			gone = append(gone, s.v)
 		}
 	}
-	if p.seenReordered {
-		// In an order the history decides, as podSeen's is otherwise.
-		slices.SortFunc(gone, func(a, b *podInfo) int { return strings.Compare(a.name(), b.name()) })
-	}
 	for _, pi := range gone {
 		r.podGone(pi.name(), pi)
 	}

@@ -73,23 +73,3 @@ func (l seenList[T]) seenIn(v T, gen uint64) bool {
 	s := l.at(v)
 	return s != nil && s.seen == gen
 }
-
-// reorder puts first, entries of l each once, at the head of l in that
-// order, and the others after them in their order.
-func (l *seenList[T]) reorder(first []T) {
-	old := *l
-	out := make(seenList[T], 0, len(old))
-	for _, v := range first {
-		out = append(out, old[*v.seenIdx()])
-		*v.seenIdx() = -1 // taken
-	}
-	for _, s := range old {
-		if *s.v.seenIdx() >= 0 {
-			out = append(out, s)
-		}
-	}
-	for i, s := range out {
-		*s.v.seenIdx() = int32(i)
-	}
-	*l = out
-}
