@@ -988,21 +988,36 @@ func (p *pool) placeOf(node string, labels map[string]string, nodeLabels func(st
 
 // placeAt is placeOf given k, the placeKey of node and labels.
 func (p *pool) placeAt(k uint64, node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
+	if pl := p.findPlace(k, node, labels); pl != nil {
+		return pl
+	}
+	return p.addPlace(k, &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}, nodeLabels)
+}
+
+// findPlace returns the pool's place of node and labels, whose placeKey
+// is k, nil if it has none.
+func (p *pool) findPlace(k uint64, node string, labels map[string]string) *podPlace {
 	for pl := p.places[k]; pl != nil; pl = pl.next {
 		if pl.node == node && maps.Equal(pl.labels, podLabels(labels)) {
 			return pl
 		}
 	}
+	return nil
+}
+
+// addPlace makes pl, a place the pool does not have, whose placeKey is k,
+// the pool's, reading its node's labels with nodeLabels if set.
+func (p *pool) addPlace(k uint64, pl *podPlace, nodeLabels func(string) map[string]string) *podPlace {
 	if p.places == nil || len(p.places) >= maxPlaces {
 		p.places = make(map[uint64]*podPlace)
 	}
-	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels), next: p.places[k]}
-	if nodeLabels != nil && node != "" {
-		pl.nodeLabels = maps.Clone(nodeLabels(node))
+	if nodeLabels != nil && pl.node != "" {
+		pl.nodeLabels = maps.Clone(nodeLabels(pl.node))
 		if pl.zone == "" {
 			pl.zone = pl.nodeLabels[ZoneLabel]
 		}
 	}
+	pl.next = p.places[k]
 	p.places[k] = pl
 	return pl
 }

@@ -3,7 +3,9 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,19 +48,14 @@ const minSplit = 256
 // listing is a pool's first listing, checked and made into entries by
 // prepare.
 type listing struct {
-	pods   []*podInfo // the entries of the input's pods, in its order
-	at     []podAt    // where each runs
+	pods []*podInfo // the entries of the input's pods, in its order
+	// places are the places prepare found, each range of pods its own
+	// (placesOf), in the order of the ranges: installPods makes them the
+	// pool's.
+	places [][]*podPlace
 	podIdx index.Index[*podInfo]
 	claims []recClaim // the input's claims, in its order
 	claIdx index.Index[*claimInfo]
-}
-
-// podAt is where a pod of a listing runs, read by prepare for
-// installPods: its node and labels, and their placeKey.
-type podAt struct {
-	key    uint64
-	node   string
-	labels map[string]string
 }
 
 // recClaim is a listed claim met at recovery: its entry (with its
@@ -138,19 +135,31 @@ func (f *recClaim) names(out []string) []string {
 // readiness rule and the syncer's Read run on several goroutines at once.
 // It changes nothing of the pool.
 func (r *round) prepare(in Input) (*listing, error) {
-	l := &listing{pods: make([]*podInfo, len(in.Pods)), at: make([]podAt, len(in.Pods))}
+	l := &listing{pods: make([]*podInfo, len(in.Pods))}
 	firstBad := newFirstIndex(len(in.Pods))
+	var mu sync.Mutex
+	places := map[int][]*podPlace{} // by the first pod of their range
 	spread.Split(len(in.Pods), minSplit, func(lo, hi int) {
+		local := placesOf{p: r.p}
+		defer func() {
+			mu.Lock()
+			places[lo] = local.made
+			mu.Unlock()
+		}()
 		for i := lo; i < hi; i++ {
 			pod := &in.Pods[i]
 			if pod.Name == "" || pod.Namespace != r.p.name.Namespace || len(pod.Name) > maxPodName {
 				firstBad.note(i)
 				return
 			}
-			l.pods[i] = r.newListedPod(pod)
-			l.at[i] = podAt{r.p.placeKey(pod.Spec.NodeName, pod.Labels), pod.Spec.NodeName, pod.Labels}
+			pi := r.newListedPod(pod)
+			pi.place = local.of(pod.Spec.NodeName, pod.Labels)
+			l.pods[i] = pi
 		}
 	})
+	for _, lo := range slices.Sorted(maps.Keys(places)) {
+		l.places = append(l.places, places[lo])
+	}
 	// The pods' index, while the claims' records are decoded; then the
 	// claims' index, while their pods are found in the pods'.
 	var (
@@ -424,12 +433,56 @@ func (r *round) installPods(l *listing) {
 	p := r.p
 	p.pods = l.podIdx
 	p.podSeen = slices.Grow(p.podSeen[:0], len(l.pods))
-	for i, pi := range l.pods {
+	// The places prepare found become the pool's (placeAt), in the order
+	// they were met: a range's place that the pool has already is
+	// replaced by the pool's in its pods.
+	var canon map[*podPlace]*podPlace
+	for _, made := range l.places {
+		for _, pl := range made {
+			k := p.placeKey(pl.node, pl.labels)
+			if c := p.findPlace(k, pl.node, pl.labels); c != nil {
+				if canon == nil {
+					canon = make(map[*podPlace]*podPlace)
+				}
+				canon[pl] = c
+				continue
+			}
+			p.addPlace(k, pl, r.a.cfg.nodeLabels)
+		}
+	}
+	for _, pi := range l.pods {
 		p.podSeen.addSeen(pi, p.gen)
-		at := &l.at[i]
-		pi.place = p.placeAt(at.key, at.node, at.labels, r.a.cfg.nodeLabels)
+		if c, ok := canon[pi.place]; ok {
+			pi.place = c // (a lookup in a nil map, mostly)
+		}
 		p.toPassiveAs(pi, nil)
 	}
+}
+
+// placesOf finds the places of a range of pods on its own (prepare): the
+// podPlaces it made, each once, in the order it made them. installPods
+// makes them the pool's.
+type placesOf struct {
+	p     *pool
+	found map[uint64]*podPlace
+	made  []*podPlace
+}
+
+// of returns the place of node and labels, made if the range has none.
+func (l *placesOf) of(node string, labels map[string]string) *podPlace {
+	k := l.p.placeKey(node, labels)
+	for pl := l.found[k]; pl != nil; pl = pl.next {
+		if pl.node == node && maps.Equal(pl.labels, podLabels(labels)) {
+			return pl
+		}
+	}
+	if l.found == nil {
+		l.found = make(map[uint64]*podPlace)
+	}
+	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels), next: l.found[k]}
+	l.found[k] = pl
+	l.made = append(l.made, pl)
+	return pl
 }
 
 // recover rebuilds the pool's allocations from the claims' records, in a
