@@ -378,6 +378,16 @@ func BenchmarkRecover(b *testing.B) {
 	})
 }
 
+// emptyClient is a fake API server with nothing on it.
+func emptyClient(b *testing.B) client.Client {
+	b.Helper()
+	scheme, err := testenv.NewScheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).Build()
+}
+
 // BenchmarkRecoverListing is a restart on a listing as an operator's cache
 // hands it over (cacheListing): a new allocator's first Round rebuilds a
 // pool of 12,500 pods, 10,000 of them held by single-pod claims, from
@@ -387,11 +397,7 @@ func BenchmarkRecover(b *testing.B) {
 func BenchmarkRecoverListing(b *testing.B) {
 	for _, marks := range []bool{true, false} {
 		b.Run("marks="+strconv.FormatBool(marks), func(b *testing.B) {
-			scheme, err := testenv.NewScheme()
-			if err != nil {
-				b.Fatal(err)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme).Build()
+			c := emptyClient(b)
 			opts := []allocator.Option{allocator.WithInvariantChecks(false)}
 			if !marks {
 				opts = append(opts, allocator.WithPodMarks(false))
@@ -602,11 +608,7 @@ func heapOf(b *testing.B, c client.Client, marks bool, claims int, keepListing b
 func BenchmarkHeap(b *testing.B) {
 	for _, marks := range []bool{true, false} {
 		b.Run("marks="+strconv.FormatBool(marks), func(b *testing.B) {
-			scheme, err := testenv.NewScheme()
-			if err != nil {
-				b.Fatal(err)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme).Build()
+			c := emptyClient(b)
 			var pods, all, beyond float64
 			for range b.N {
 				pods = heapOf(b, c, marks, 0, false)

@@ -204,6 +204,14 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 	if len(pods) == 0 {
 		return nil
 	}
+	var err error
+	s.write(pool, func(p *poolIndex) { err = p.allocate(pool, h, pods) })
+	return err
+}
+
+// write runs f on pool's live index, made if the store has none, under
+// the index's lock.
+func (s *InMemory) write(pool types.NamespacedName, f func(p *poolIndex)) {
 	for {
 		p := s.lookupOrCreate(pool)
 		if testHookLookedUp != nil {
@@ -216,9 +224,9 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 			p.mu.Unlock()
 			continue
 		}
-		err := p.allocate(pool, h, pods)
+		f(p)
 		p.mu.Unlock()
-		return err
+		return
 	}
 }
 
@@ -238,20 +246,12 @@ func (s *InMemory) AllocateAll(pool types.NamespacedName, allocs []Allocation) (
 		}
 		return len(allocs), nil
 	}
-	for {
-		p := s.lookupOrCreate(pool)
-		if testHookLookedUp != nil {
-			testHookLookedUp()
-		}
-		p.mu.Lock()
-		if p.dead {
-			p.mu.Unlock()
-			continue
-		}
-		k, err := p.allocateAll(pool, allocs, pods)
-		p.mu.Unlock()
-		return k, err
-	}
+	var (
+		k   int
+		err error
+	)
+	s.write(pool, func(p *poolIndex) { k, err = p.allocateAll(pool, allocs, pods) })
+	return k, err
 }
 
 // allocateAll does AllocateAll's work on a live index, whose lock the
