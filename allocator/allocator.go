@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -58,7 +58,10 @@ type Claim struct {
 }
 
 // Input is what a round works on: a pool, its pods and its claims, as the
-// caller lists them. A listing may come from a lagging informer cache.
+// caller lists them, in any order. A listing may come from a lagging
+// informer cache, whose lists come out in a new order every time (such a
+// listing costs a round more than one in a fixed order: see the README,
+// Performance). The round changes nothing of the input.
 type Input struct {
 	// Pool names the pool. Its namespace is the namespace of all its pods
 	// and claims.
@@ -408,6 +411,11 @@ func (a *defaultAllocator) finish(p *pool, err error) error {
 func (a *defaultAllocator) setHolds(ci *claimInfo, holds bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.setHoldsLocked(ci, holds)
+}
+
+// setHoldsLocked is setHolds for a caller holding a.mu.
+func (a *defaultAllocator) setHoldsLocked(ci *claimInfo, holds bool) {
 	uid, name := ci.uid(), ci.pool.name
 	first := a.claimPools.Get(string(uid))
 	more := a.morePools[uid]
@@ -447,6 +455,11 @@ func (a *defaultAllocator) setHolds(ci *claimInfo, holds bool) {
 func (a *defaultAllocator) heldElsewhere(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.heldElsewhereLocked(uid, name)
+}
+
+// heldElsewhereLocked is heldElsewhere for a caller holding a.mu.
+func (a *defaultAllocator) heldElsewhereLocked(uid types.UID, name types.NamespacedName) (types.NamespacedName, bool) {
 	if first := a.claimPools.Get(string(uid)); first != nil && first.pool.name != name {
 		return first.pool.name, true
 	}
@@ -548,8 +561,11 @@ type pool struct {
 	// still shows such a pod at that version or older does not bring it
 	// back (allocated lazily).
 	tombs map[string]podTomb
-	// places are the pods' podPlaces.
-	places map[string]*podPlace
+	// places are the pods' podPlaces by placeKey, those with the same key
+	// chained through podPlace.next; placeSeed seeds placeKey, and is set
+	// when the pool is made.
+	places    map[uint64]*podPlace
+	placeSeed maphash.Seed
 	// storeErr is the first error the store returned on a read since the
 	// last round reported it. The round's concurrent writes read the store
 	// too: storeMu guards it.
@@ -559,8 +575,11 @@ type pool struct {
 	// in the current round: the pool fails closed.
 	violation error
 	// moved are the pods whose state changed in the current call, checked
-	// at its end (checkMoved).
-	moved []*podInfo
+	// at its end (checkMoved). rebuilding is set while recovery rebuilds
+	// every pod's state, whose moves checkMoved skips (forgetMoves): they
+	// are not recorded.
+	moved      []*podInfo
+	rebuilding bool
 	// dead is set when the pool's state was dropped (ForgetPool, or the
 	// pool failed closed): a round that waited for mu looks the pool up
 	// again.
@@ -690,15 +709,25 @@ func (p *pool) addClaim(ci *claimInfo) {
 // the order they were met in, after the others.
 func (p *pool) orderArrivals() {
 	if len(p.arrived) > 1 {
-		nums := make([]uint32, len(p.arrived))
-		for i, ci := range p.arrived {
-			nums[i] = ci.arrival
+		// Each claim's key is read once: a recovery brings thousands.
+		type keyed struct {
+			key uint64
+			ci  *claimInfo
 		}
-		slices.SortStableFunc(p.arrived, func(a, b *claimInfo) int {
-			return cmp.Compare(arrivalKey(a), arrivalKey(b))
-		})
+		ks := make([]keyed, len(p.arrived))
 		for i, ci := range p.arrived {
-			ci.arrival = nums[i]
+			ks[i] = keyed{arrivalKey(ci), ci}
+		}
+		byKey := func(a, b keyed) int { return cmp.Compare(a.key, b.key) }
+		if !slices.IsSortedFunc(ks, byKey) {
+			nums := make([]uint32, len(p.arrived))
+			for i, ci := range p.arrived {
+				nums[i] = ci.arrival
+			}
+			slices.SortStableFunc(ks, byKey)
+			for i := range ks {
+				ks[i].ci.arrival = nums[i]
+			}
 		}
 	}
 	clear(p.arrived)
@@ -733,6 +762,7 @@ func (a *defaultAllocator) newPool(name types.NamespacedName) *pool {
 		settling:  make(map[*podInfo]struct{}),
 		metrics:   a.cfg.metrics,
 		tomark:    make(map[string]types.UID),
+		placeSeed: maphash.MakeSeed(),
 	}
 }
 
@@ -926,6 +956,8 @@ type podPlace struct {
 	labels     podLabels
 	// nodeLabels are the node's labels (WithNodeLabels), nil without.
 	nodeLabels podLabels
+	// next is another place with the same placeKey.
+	next *podPlace
 }
 
 // podLabels are a pod's labels as the algorithm sees them
@@ -948,32 +980,57 @@ const maxPlaces = 1 << 14
 // placeOf returns the podPlace of node and labels that the pool's pods
 // share: pods of one template on one node share one. With nodeLabels
 // (WithNodeLabels) a new one reads the node's labels once; its zone is the
-// pod's zone label, else the node's.
+// pod's zone label, else the node's. Finding a place the pool has costs no
+// allocation.
 func (p *pool) placeOf(node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
-	var b strings.Builder
-	b.WriteString(node)
-	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		b.WriteByte(0)
-		b.WriteString(k)
-		b.WriteByte(0)
-		b.WriteString(labels[k])
-	}
-	k := b.String()
-	if pl := p.places[k]; pl != nil {
+	return p.placeAt(p.placeKey(node, labels), node, labels, nodeLabels)
+}
+
+// placeAt is placeOf given k, the placeKey of node and labels.
+func (p *pool) placeAt(k uint64, node string, labels map[string]string, nodeLabels func(string) map[string]string) *podPlace {
+	if pl := p.findPlace(k, node, labels); pl != nil {
 		return pl
 	}
-	if p.places == nil || len(p.places) >= maxPlaces {
-		p.places = make(map[string]*podPlace)
+	return p.addPlace(k, &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}, nodeLabels)
+}
+
+// findPlace returns the pool's place of node and labels, whose placeKey
+// is k, nil if it has none.
+func (p *pool) findPlace(k uint64, node string, labels map[string]string) *podPlace {
+	for pl := p.places[k]; pl != nil; pl = pl.next {
+		if pl.node == node && maps.Equal(pl.labels, podLabels(labels)) {
+			return pl
+		}
 	}
-	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels)}
-	if nodeLabels != nil && node != "" {
-		pl.nodeLabels = maps.Clone(nodeLabels(node))
+	return nil
+}
+
+// addPlace makes pl, a place the pool does not have, whose placeKey is k,
+// the pool's, reading its node's labels with nodeLabels if set.
+func (p *pool) addPlace(k uint64, pl *podPlace, nodeLabels func(string) map[string]string) *podPlace {
+	if p.places == nil || len(p.places) >= maxPlaces {
+		p.places = make(map[uint64]*podPlace)
+	}
+	if nodeLabels != nil && pl.node != "" {
+		pl.nodeLabels = maps.Clone(nodeLabels(pl.node))
 		if pl.zone == "" {
 			pl.zone = pl.nodeLabels[ZoneLabel]
 		}
 	}
+	pl.next = p.places[k]
 	p.places[k] = pl
 	return pl
+}
+
+// placeKey hashes a node and a label set, whatever order the labels come
+// in: the sum of a hash of each label's key and value. It only reads the
+// pool's seed, and may run on several goroutines at once.
+func (p *pool) placeKey(node string, labels map[string]string) uint64 {
+	h := maphash.String(p.placeSeed, node)
+	for k, v := range labels {
+		h += maphash.String(p.placeSeed, k)*0x9e3779b97f4a7c15 ^ maphash.String(p.placeSeed, v)
+	}
+	return h
 }
 
 // samePlace reports whether pi's place is node and labels.
@@ -1136,7 +1193,10 @@ func (c *claimInfo) setPlacement(pl algorithm.Placement) bool {
 	if old != nil && sameSelector(old.Selector, pl.Selector) && old.Class == pl.Class && old.Topology == pl.Topology && old.Gang == pl.Gang {
 		return false
 	}
-	c.edit().placement = &pl
+	// A copy, so that only a placement kept costs an allocation (pl
+	// itself would escape on every call).
+	kept := pl
+	c.edit().placement = &kept
 	return true
 }
 

@@ -378,6 +378,47 @@ func BenchmarkRecover(b *testing.B) {
 	})
 }
 
+// emptyClient is a fake API server with nothing on it.
+func emptyClient(b *testing.B) client.Client {
+	b.Helper()
+	scheme, err := testenv.NewScheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).Build()
+}
+
+// BenchmarkRecoverListing is a restart on a listing as an operator's cache
+// hands it over (cacheListing): a new allocator's first Round rebuilds a
+// pool of 12,500 pods, 10,000 of them held by single-pod claims, from
+// their records and, with marks, the pods' marks. The listing is built
+// once, outside the timing. Run it with -cpu 1,2 to see what the
+// recovery's parallel decoding gains.
+func BenchmarkRecoverListing(b *testing.B) {
+	for _, marks := range []bool{true, false} {
+		b.Run("marks="+strconv.FormatBool(marks), func(b *testing.B) {
+			c := emptyClient(b)
+			opts := []allocator.Option{allocator.WithInvariantChecks(false)}
+			if !marks {
+				opts = append(opts, allocator.WithPodMarks(false))
+			}
+			const pods, claims = 12500, 10000
+			in := cacheListing(marks, pods, claims)
+			b.ReportAllocs()
+			for b.Loop() {
+				a, err := allocator.New(c, opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := a.Round(context.Background(), in)
+				if err != nil || len(res.Allocated) != 0 || len(res.Warnings) != 0 || res.IdleCount != pods-claims {
+					b.Fatalf("recover: %v, %d grants, warnings %v, %d idle", err, len(res.Allocated), res.Warnings, res.IdleCount)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkFill fills an empty 10,000-pod pool one single-pod claim per
 // round (Update) and reports claims/s.
 func BenchmarkFill(b *testing.B) {
@@ -473,10 +514,16 @@ const (
 // heapInput builds heapPool's listing as an operator's cache would hand it
 // over: every pod and claim a separate object, decoded strings not shared.
 func heapInput(marks bool, claims int) allocator.Input {
+	return cacheListing(marks, heapPods, claims)
+}
+
+// cacheListing is a listing of pods Ready pods, the first claims of them
+// held by one single-pod claim each, as heapInput describes.
+func cacheListing(marks bool, pods, claims int) allocator.Input {
 	const ns = "heap"
 	keys := syncer.DefaultKeys()
 	in := allocator.Input{Pool: types.NamespacedName{Namespace: ns, Name: "p"}}
-	in.Pods = make([]corev1.Pod, heapPods)
+	in.Pods = make([]corev1.Pod, pods)
 	for i := range in.Pods {
 		pod := readyPod(ns, fmt.Sprintf("pool-7d9f8c6b5-%05d", i))
 		pod.UID = types.UID(fmt.Sprintf("0a1b2c3d-0000-4000-8000-%012d", i))
@@ -561,11 +608,7 @@ func heapOf(b *testing.B, c client.Client, marks bool, claims int, keepListing b
 func BenchmarkHeap(b *testing.B) {
 	for _, marks := range []bool{true, false} {
 		b.Run("marks="+strconv.FormatBool(marks), func(b *testing.B) {
-			scheme, err := testenv.NewScheme()
-			if err != nil {
-				b.Fatal(err)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme).Build()
+			c := emptyClient(b)
 			var pods, all, beyond float64
 			for range b.N {
 				pods = heapOf(b, c, marks, 0, false)

@@ -110,8 +110,10 @@ func (p *pool) kindOf(o client.Object) *claimKind {
 			return known
 		}
 	}
-	p.kinds = append(p.kinds, &k)
-	return &k
+	// A copy, so that only a new kind costs an allocation.
+	added := k
+	p.kinds = append(p.kinds, &added)
+	return &added
 }
 
 // known reports whether a version of ci is known: false for a claim known

@@ -107,6 +107,15 @@
 // recorded as released, after a quarantine if the mark is newer than the
 // record (a hand-out may still be in flight).
 //
+// Recovery takes the listing in one pass. The pods' and claims' entries
+// are made and the records decoded on several goroutines at once, so the
+// readiness rule (WithReadiness) and the syncer's Read may be called
+// concurrently; the pods each record lists that are marked for its claim
+// are given to it in one store write (store.BulkWriter, where the store
+// has it); and a claim that then holds what it wants, with nothing
+// pending, is not planned in that round and keeps no copy of its object,
+// as a settled claim does.
+//
 // # Failures
 //
 // The package never exits or panics on bad input; every failure is an error

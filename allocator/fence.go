@@ -259,7 +259,7 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 	if pi := r.p.pods.Get(name); pi != nil {
 		name = pi.name() // the pod's own string, not the record's copy
 	}
-	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), []string{name}); err != nil {
+	if err := r.a.cfg.store.Allocate(r.p.name, ci.holder(), r.onePod(name)); err != nil {
 		r.storeFail(ci, err)
 		return false
 	}
@@ -270,10 +270,18 @@ func (r *round) allocate(ci *claimInfo, name string) bool {
 	return true
 }
 
+// onePod returns a list of one pod, name, for a store call, which neither
+// keeps nor changes it (store.Writer): the round's own, reused, so that a
+// call for one pod allocates nothing. Store calls are made one at a time.
+func (r *round) onePod(name string) []string {
+	r.one[0] = name
+	return r.one[:]
+}
+
 // drop ends ci's hold of pi without unmarking it: a newer record or mark
 // says ci does not hold it.
 func (r *round) drop(ci *claimInfo, pi *podInfo) {
-	if err := r.a.cfg.store.Free(r.p.name, ci.uid(), []string{pi.name()}); err != nil {
+	if err := r.a.cfg.store.Free(r.p.name, ci.uid(), r.onePod(pi.name())); err != nil {
 		r.storeFail(ci, err)
 		return
 	}

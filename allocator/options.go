@@ -246,6 +246,9 @@ func WithAlgorithm(a algorithm.Algorithm) Option {
 
 // WithReadiness replaces PodReady, the rule that decides which pods may be
 // handed out. A pod being deleted is never ready, whatever the rule says.
+// The rule may be called from several goroutines at once (for different
+// pools, and for the pods of one pool in its first round): it must only
+// read the pod it is given.
 func WithReadiness(ready func(*corev1.Pod) bool) Option {
 	return optionFunc(func(c *config) { c.ready = ready })
 }

@@ -14,12 +14,10 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/algorithm"
-	"github.com/poolalloc/poolalloc/internal/index"
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
@@ -47,8 +45,6 @@ type round struct {
 	// failed is set once the store refused a write (storeFail): nothing
 	// more is written in the round.
 	failed bool
-	// warmed keeps what warm read (see scan); it means nothing.
-	warmed int32
 	// strayIdx indexes the claims' strays by pod for newerRecordWins,
 	// built on first use in the round.
 	strayIdx map[string][]*claimInfo
@@ -82,6 +78,8 @@ type round struct {
 	// being recycled or settled (RecycleRequest.Object).
 	input  []corev1.Pod
 	listed map[*podInfo]*corev1.Pod
+	// one is onePod's list.
+	one [1]string
 }
 
 func (a *defaultAllocator) Round(ctx context.Context, in Input) (Result, error) {
@@ -156,23 +154,19 @@ func (a *defaultAllocator) doRound(ctx context.Context, in Input) (Result, error
 	}
 	for {
 		p := a.lookupPool(in.Pool)
-		checked := p == nil
-		if checked {
-			// A pool's first round: nothing to stamp yet, and no pool is
-			// made for an invalid input.
-			if err := validateInput(in); err != nil {
-				return Result{Pool: in.Pool}, err
-			}
+		made := p == nil
+		if made {
 			p = a.getPool(in.Pool)
 		}
 		p.mu.Lock()
 		if p.dead {
 			// Dropped while this call waited for it (ForgetPool, or it
-			// failed closed): the pool is looked up again.
+			// failed closed, or its first input was refused): the pool
+			// is looked up again.
 			p.mu.Unlock()
 			continue
 		}
-		res, err := a.runLocked(p, func() (Result, error) { return a.roundLocked(ctx, p, in, checked) })
+		res, err := a.runLocked(p, func() (Result, error) { return a.roundLocked(ctx, p, in, made) })
 		p.mu.Unlock()
 		return res, err
 	}
@@ -195,17 +189,16 @@ func (a *defaultAllocator) guarded(p *pool, call func() (Result, error)) (res Re
 	return call()
 }
 
-// roundLocked is Round on p, whose mu the caller holds.
-func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, checked bool) (Result, error) {
+// roundLocked is Round on p, whose mu the caller holds; made is set when
+// this call made the pool.
+func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, made bool) (Result, error) {
 	res := Result{Pool: in.Pool}
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: in.Pods}
-
-	if p.pods.Len() == 0 && len(in.Pods) > 0 {
-		p.pods = index.New((*podInfo).name, len(in.Pods))
-		p.podSeen = slices.Grow(p.podSeen, len(in.Pods))
+	if !p.recovered && len(p.podSeen) == 0 && p.claims.Len() == 0 {
+		return r.first(in, made)
 	}
-	pods, claims, err := r.scan(in.Pods, in.Claims, checked)
+	pods, claims, err := r.scan(in.Pods, in.Claims)
 	if err != nil {
 		return res, err
 	}
@@ -222,15 +215,13 @@ func (a *defaultAllocator) roundLocked(ctx context.Context, p *pool, in Input, c
 		r.podGone(pi.name(), pi)
 	}
 	if !p.recovered {
+		// An earlier recovery failed: the pods are observed, the claims
+		// recovered now.
 		if err := r.recover(in.Claims); err != nil {
 			r.report()
 			return res, err
 		}
-		// Recovery made every claim anew: each one is observed.
-		claims = claims[:0]
-		for i := range in.Claims {
-			claims = append(claims, i)
-		}
+		claims = nil // recover took every claim in
 	}
 	r.setProto(in.Claims)
 	for _, i := range claims {
@@ -277,7 +268,7 @@ func (a *defaultAllocator) updateLocked(ctx context.Context, p *pool, ch Changes
 	res := Result{Pool: ch.Pool}
 	p.gen++
 	r := &round{a: a, p: p, ctx: ctx, now: a.cfg.clock.Now(), res: &res, input: ch.Pods}
-	pods, claims, err := r.scan(ch.Pods, ch.Claims, false)
+	pods, claims, err := r.scan(ch.Pods, ch.Claims)
 	if err != nil {
 		return res, err
 	}
@@ -444,36 +435,6 @@ func validatePool(pool types.NamespacedName) error {
 	return nil
 }
 
-// validateInput checks a round's input (see scan) for a pool the allocator
-// does not know yet.
-func validateInput(in Input) error {
-	if err := validatePool(in.Pool); err != nil {
-		return err
-	}
-	pods := make(map[string]struct{}, len(in.Pods))
-	for i := range in.Pods {
-		pod := &in.Pods[i]
-		if err := checkPod(in.Pool, i, pod); err != nil {
-			return err
-		}
-		if _, dup := pods[pod.Name]; dup {
-			return errPodTwice(in.Pool, pod.Name)
-		}
-		pods[pod.Name] = struct{}{}
-	}
-	uids := make(map[types.UID]struct{}, len(in.Claims))
-	for i, c := range in.Claims {
-		if err := checkClaim(in.Pool, i, c); err != nil {
-			return err
-		}
-		if _, dup := uids[c.Object.GetUID()]; dup {
-			return errClaimTwice(in.Pool, c.Object)
-		}
-		uids[c.Object.GetUID()] = struct{}{}
-	}
-	return nil
-}
-
 func checkPod(pool types.NamespacedName, i int, pod *corev1.Pod) error {
 	if pod.Name == "" {
 		return fmt.Errorf("%w: pool %s: pod %d has no name", ErrInvalidInput, pool, i)
@@ -516,234 +477,6 @@ func checkClaim(pool types.NamespacedName, i int, c Claim) error {
 
 func errClaimTwice(pool types.NamespacedName, o client.Object) error {
 	return fmt.Errorf("%w: pool %s: claim %s (uid %s) listed twice", ErrInvalidInput, pool, client.ObjectKeyFromObject(o), o.GetUID())
-}
-
-// scan checks a round's pods and claims as validateInput does, stamps the
-// pods and claims the pool knows as listed in this round, and returns
-// those that observePod and observeClaim must take in: new or changed
-// ones (claims by index). A pod or claim the pool knows, unchanged, costs
-// a map lookup and a comparison. The stamps find the duplicates; a pool's
-// state is not changed when the input is refused.
-//
-// A listing in a stable order (a slice the caller keeps, or a List from the
-// API server, sorted by name) shows the pods and claims in the order of
-// podSeen and claimSeen, which are filled in listing order: scan looks for
-// each one first at the place after the previous one's, which costs no map
-// lookup. For a listing in another order (an informer cache's) it stops
-// looking there after maxHintMisses more misses than hits.
-//
-// With checked, the input was validated already (validateInput).
-func (r *round) scan(pods []corev1.Pod, claims []Claim, checked bool) ([]*corev1.Pod, []int, error) {
-	p := r.p
-	var changedPods []*corev1.Pod
-	var newPods map[string]struct{}
-	var h hint
-	// Both loops go a chunk at a time: a first pass copies out of each
-	// object what the round reads, in a loop short enough for the cache
-	// misses of many objects to overlap (a listing is larger than the
-	// caches); the second works on the copies.
-	var pheads [scanChunk]podHead
-	var pfound [scanChunk]*podInfo
-	for start := 0; start < len(pods); start += scanChunk {
-		chunk := pods[start:min(start+scanChunk, len(pods))]
-		for j := range chunk {
-			m := &chunk[j].ObjectMeta
-			pheads[j] = podHead{name: m.Name, ns: m.Namespace, uid: m.UID, rv: m.ResourceVersion}
-		}
-		batched := h.off()
-		if batched {
-			// A listing in another order than the pool's (an informer
-			// cache's): every pod is found through the map. Looking the
-			// chunk up in one short loop, then touching the entries
-			// found, lets their cache misses overlap.
-			for j := range chunk {
-				pfound[j] = p.pods.Get(pheads[j].name)
-			}
-			r.warmed += warm(pfound[:len(chunk)], p.podSeen)
-		}
-		for j := range chunk {
-			hd := &pheads[j]
-			if !checked && hd.name == "" {
-				return nil, nil, checkPod(p.name, start+j, &chunk[j])
-			}
-			var pi *podInfo
-			var st *stamp[*podInfo]
-			if batched {
-				if pi = pfound[j]; pi != nil {
-					st = p.podSeen.at(pi)
-				}
-			} else if h.try(len(p.podSeen)) {
-				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name() == hd.name {
-					pi, st = s.v, s // the entry of pods under that name
-				}
-				h.count(pi != nil)
-			}
-			if pi == nil {
-				if pi = p.pods.Get(hd.name); pi != nil {
-					st = p.podSeen.at(pi)
-				}
-			}
-			if pi == nil {
-				if !checked {
-					if hd.ns != p.name.Namespace || len(hd.name) > maxPodName {
-						return nil, nil, checkPod(p.name, start+j, &chunk[j])
-					}
-					if newPods == nil {
-						newPods = make(map[string]struct{})
-					}
-					if _, dup := newPods[hd.name]; dup {
-						return nil, nil, errPodTwice(p.name, hd.name)
-					}
-					newPods[hd.name] = struct{}{}
-				}
-				changedPods = append(changedPods, &chunk[j])
-				continue
-			}
-			if st.seen == p.gen {
-				return nil, nil, errPodTwice(p.name, hd.name)
-			}
-			st.seen = p.gen
-			h.next = int(pi.idx) + 1
-			if (pi.uid() != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
-				// Changed: checked whole. (A version taken in before was
-				// checked then: its namespace cannot have changed.)
-				if !checked && hd.ns != p.name.Namespace {
-					return nil, nil, checkPod(p.name, start+j, &chunk[j])
-				}
-				changedPods = append(changedPods, &chunk[j])
-			} else if pi.recycling() || pi.settling() != nil {
-				r.noteListed(pi, &chunk[j])
-			}
-		}
-	}
-	var changedClaims []int
-	var newClaims map[types.UID]struct{}
-	var cheads [scanChunk]claimHead
-	var cfound [scanChunk]*claimInfo
-	h = hint{}
-	for start := 0; start < len(claims); start += scanChunk {
-		chunk := claims[start:min(start+scanChunk, len(claims))]
-		for j := range chunk {
-			cheads[j] = headOf(chunk[j].Object)
-		}
-		batched := h.off()
-		if batched {
-			for j := range chunk {
-				cfound[j] = p.claims.Get(string(cheads[j].uid))
-			}
-			r.warmed += warm(cfound[:len(chunk)], p.claimSeen)
-		}
-		for j := range chunk {
-			i, hd := start+j, &cheads[j]
-			if !checked {
-				if c := chunk[j]; c.Object == nil || hd.uid == "" || c.Want < 0 || c.Want > math.MaxInt32 {
-					return nil, nil, checkClaim(p.name, i, c)
-				}
-			}
-			var ci *claimInfo
-			var st *stamp[*claimInfo]
-			if batched {
-				if ci = cfound[j]; ci != nil {
-					st = p.claimSeen.at(ci)
-				}
-			} else if h.try(len(p.claimSeen)) {
-				if s := &p.claimSeen[h.next]; s.v.uid() == hd.uid {
-					ci, st = s.v, s // the entry of claims under uid
-				}
-				h.count(ci != nil)
-			}
-			if ci == nil {
-				if ci = p.claims.Get(string(hd.uid)); ci != nil {
-					st = p.claimSeen.at(ci)
-				}
-			}
-			if ci == nil {
-				if !checked {
-					if chunk[j].Object.GetNamespace() != p.name.Namespace {
-						return nil, nil, checkClaim(p.name, i, chunk[j])
-					}
-					if newClaims == nil {
-						newClaims = make(map[types.UID]struct{})
-					}
-					if _, dup := newClaims[hd.uid]; dup {
-						return nil, nil, errClaimTwice(p.name, chunk[j].Object)
-					}
-					newClaims[hd.uid] = struct{}{}
-				}
-				changedClaims = append(changedClaims, i)
-				continue
-			}
-			if st.seen == p.gen {
-				return nil, nil, errClaimTwice(p.name, chunk[j].Object)
-			}
-			st.seen = p.gen
-			h.next = int(ci.idx) + 1
-			if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed ||
-				hd.rv == ci.rv && (int64(chunk[j].Want) != int64(ci.want) || chunk[j].Priority != ci.priority) {
-				if !checked && chunk[j].Object.GetNamespace() != p.name.Namespace {
-					return nil, nil, checkClaim(p.name, i, chunk[j])
-				}
-				changedClaims = append(changedClaims, i)
-			}
-		}
-	}
-	return changedPods, changedClaims, nil
-}
-
-// scanChunk is how many pods or claims scan reads ahead at a time.
-const scanChunk = 64
-
-// podHead and claimHead are what scan reads of a listed pod or claim.
-type podHead struct {
-	name, ns string
-	uid      types.UID
-	rv       string
-}
-
-type claimHead struct {
-	uid types.UID
-	rv  string
-}
-
-// headOf reads a claim's UID and resourceVersion: from its ObjectMeta
-// directly when it has one (a typed claim), through the object's methods
-// otherwise.
-func headOf(o client.Object) claimHead {
-	if a, ok := o.(metav1.ObjectMetaAccessor); ok {
-		if m, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok && m != nil {
-			return claimHead{uid: m.UID, rv: m.ResourceVersion}
-		}
-	}
-	if o == nil {
-		return claimHead{}
-	}
-	return claimHead{uid: o.GetUID(), rv: o.GetResourceVersion()}
-}
-
-// maxHintMisses bounds how many more misses than hits a hint may have in a
-// scan before it is no longer tried.
-const maxHintMisses = 64
-
-// hint is where scan looks first for the next pod or claim of a listing:
-// at next in podSeen or claimSeen.
-type hint struct {
-	next         int
-	hits, misses int
-}
-
-// off reports whether the hint has missed too often to be tried again in
-// this scan.
-func (h *hint) off() bool { return h.misses > h.hits+maxHintMisses }
-
-// try reports whether to look at next, in an array of n.
-func (h *hint) try(n int) bool { return h.next < n && h.misses <= h.hits+maxHintMisses }
-
-func (h *hint) count(hit bool) {
-	if hit {
-		h.hits++
-	} else {
-		h.misses++
-	}
 }
 
 // unchanged reports whether a listed version of pi with resourceVersion rv
@@ -949,160 +682,6 @@ func (r *round) podGone(name string, pi *podInfo) {
 // claim c.
 func (r *round) blocked(uid types.UID, name types.NamespacedName, err error) error {
 	return &ClaimError{Pool: r.p.name, Claim: name, UID: uid, Err: fmt.Errorf("%w: %w", ErrPoolBlocked, err)}
-}
-
-// found is a claim met at recovery and the pods its record holds.
-type found struct {
-	ci   *claimInfo
-	held []string
-	rec  syncer.Record
-}
-
-// readRecord decodes a claim's record. A malformed release list is the
-// owner's request, not something the allocator wrote: it is reported on
-// that claim alone and taken as empty (ok stays true). Anything else
-// unreadable makes the pool fail closed.
-func (r *round) readRecord(ci *claimInfo, o client.Object) (syncer.Record, error) {
-	rec, err := r.a.cfg.syncer.Read(o)
-	if err == nil {
-		// A syncer of the caller's may not check names as the default
-		// one does.
-		for _, pods := range [][]string{rec.Allocated, rec.Release, rec.Released} {
-			for _, pod := range pods {
-				if pod == "" || len(pod) > maxPodName {
-					return rec, r.blocked(ci.uid(), ci.name(), fmt.Errorf("%w: %q is not a pod name", syncer.ErrMalformedRecord, pod))
-				}
-			}
-		}
-		return rec, nil
-	}
-	if errors.Is(err, syncer.ErrMalformedRelease) {
-		r.warn(r.claimErr(ci, fmt.Errorf("%w: %w", ErrInvalidRelease, err)))
-		rec.Release = nil
-		return rec, nil
-	}
-	return rec, r.blocked(ci.uid(), ci.name(), err)
-}
-
-// recover rebuilds the pool's allocations from the claims' records. It
-// changes nothing unless every record can be read. Without pod marks a pod
-// listed by two claims blocks the pool; with them, the marks decide.
-func (r *round) recover(claims []Claim) error {
-	p, a := r.p, r.a
-	all := make([]found, 0, len(claims))
-	owner := make(map[string]*claimInfo)
-	for _, c := range claims {
-		ci := r.newClaimInfo(c)
-		rec, err := r.readRecord(ci, c.Object)
-		if err != nil {
-			return err
-		}
-		held := rec.Held()
-		if !r.marks() {
-			for _, pod := range held {
-				if other, dup := owner[pod]; dup {
-					return r.blocked(ci.uid(), ci.name(), fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
-						syncer.ErrMalformedRecord, pod, other.name(), other.uid()))
-				}
-				owner[pod] = ci
-			}
-		}
-		ci.setRelease(rec.Release)
-		ci.setReleased(rec.Released)
-		all = append(all, found{ci: ci, held: held, rec: rec})
-	}
-	if err := a.cfg.store.DeletePool(p.name); err != nil {
-		return fmt.Errorf("pool %s: recover: %w", p.name, storeErr(err))
-	}
-	p.nHeldPods = 0
-	for _, pi := range p.pods.Entries() {
-		pi.strays = 0
-		p.reset(pi)
-	}
-	p.dirty = make(map[*claimInfo]struct{}, len(all))
-	p.claims = index.New(claimUID, len(all))
-	for _, s := range p.claimSeen {
-		s.v.idx = -1
-	}
-	clear(p.claimSeen)
-	p.claimSeen = slices.Grow(p.claimSeen[:0], len(all))
-	for _, f := range all {
-		p.claims.Set(f.ci)
-		p.addClaim(f.ci)
-		p.dirty[f.ci] = struct{}{}
-		p.seeClaim(f.ci)
-		f.ci.listed = true
-	}
-	if r.marks() {
-		for _, f := range all {
-			r.takeIn(f.ci, f.rec, rvNum(f.ci.objRV()))
-		}
-		for _, pi := range p.pods.Entries() { // resolveMark may change p.pods
-			pi.mark = p.markString(pi.mark) // the claims are in now
-			r.resolveMark(pi)
-		}
-		r.check = r.check[:0]
-		p.recovered = true
-		p.forgetMoves()
-		return nil
-	}
-	// Pods a moved claim holds in a pool that already recovered stay there.
-	for i := range all {
-		f := &all[i]
-		other, ok := a.heldElsewhere(f.ci.uid(), p.name)
-		if !ok {
-			continue
-		}
-		f.held = slices.DeleteFunc(f.held, func(pod string) bool {
-			h, held, err := a.cfg.store.HolderOf(other, pod)
-			return err == nil && held && h.UID == f.ci.uid()
-		})
-	}
-	for _, f := range all {
-		if len(f.held) == 0 {
-			continue
-		}
-		for i, name := range f.held {
-			if pi := p.pods.Get(name); pi != nil {
-				f.held[i] = pi.name() // the pod's own string, not the record's copy
-			}
-		}
-		if err := a.cfg.store.Allocate(p.name, f.ci.holder(), f.held); err != nil {
-			return fmt.Errorf("pool %s: claim %s: recover: %w", p.name, f.ci.name(), storeErr(err))
-		}
-		for _, pod := range f.held {
-			r.hold(f.ci, pod)
-		}
-		a.setHolds(f.ci, true)
-	}
-	p.recovered = true
-	p.forgetMoves()
-	return nil
-}
-
-func (r *round) newClaimInfo(c Claim) *claimInfo {
-	o := c.Object
-	// The claim's namespace is the pool's (checked): one string for all.
-	ci := &claimInfo{
-		want:        int32(c.Want),
-		priority:    c.Priority,
-		created:     unixNanos(o.GetCreationTimestamp().Time),
-		terminating: o.GetDeletionTimestamp() != nil,
-	}
-	ci.setIdent(r.p, o.GetName(), o.GetUID())
-	ci.setPlacement(c.Placement)
-	if r.a.cfg.metrics != nil && c.Want > 0 && !ci.terminating {
-		// Waiting since its creation, until plan finds it holds all it
-		// wants (a claim recovered with its pods, say).
-		since := ci.createdAt()
-		if since.IsZero() || since.After(r.now) {
-			since = r.now
-		}
-		ci.setWaitSince(since)
-	}
-	r.p.setObj(ci, o, r.a.cfg)
-	ci.addRV(o.GetResourceVersion())
-	return ci
 }
 
 // podOrNew returns the pod's entry, creating an absent one for a pod named

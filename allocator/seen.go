@@ -29,6 +29,12 @@ func (l *seenList[T]) add(v T) {
 	*l = append(*l, stamp[T]{v: v})
 }
 
+// addSeen is add, then see in round gen.
+func (l *seenList[T]) addSeen(v T, gen uint64) {
+	*v.seenIdx() = int32(len(*l))
+	*l = append(*l, stamp[T]{v: v, seen: gen})
+}
+
 // remove takes v's place back; v not in the list is ignored.
 func (l *seenList[T]) remove(v T) {
 	if l.at(v) == nil {
@@ -66,22 +72,4 @@ func (l seenList[T]) see(v T, gen uint64) {
 func (l seenList[T]) seenIn(v T, gen uint64) bool {
 	s := l.at(v)
 	return s != nil && s.seen == gen
-}
-
-// warm reads the entries found for a chunk of a listing, and their stamps,
-// in one short loop before they are used one by one: the cache misses of
-// independent loads overlap, where the loop that uses them would take
-// them one after another. nil entries are skipped. The sum it returns
-// means nothing: the caller keeps it so that the loads stay.
-func warm[T stamped](found []T, l seenList[T]) int32 {
-	var zero T
-	var sum int32
-	for _, v := range found {
-		if v != zero {
-			if i := *v.seenIdx(); i >= 0 && int(i) < len(l) {
-				sum += int32(l[i].seen)
-			}
-		}
-	}
-	return sum
 }

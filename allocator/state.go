@@ -163,7 +163,7 @@ func (p *pool) setState(pi *podInfo, to podState, ci *claimInfo, reset bool) {
 		pi.setClaim(nil, time.Time{})
 	}
 	pi.state = to
-	if n := len(p.moved); n == 0 || p.moved[n-1] != pi { // a pod's moves come in runs
+	if n := len(p.moved); !p.rebuilding && (n == 0 || p.moved[n-1] != pi) { // a pod's moves come in runs
 		p.moved = append(p.moved, pi)
 	}
 	// Enter to.
@@ -221,7 +221,11 @@ func (p *pool) removeFree(pi *podInfo) {
 // passive is the state the listing and the store give pi, and the claim
 // that holds it (nil if none; unknownHolder when the store cannot say).
 func (p *pool) passive(pi *podInfo) (podState, *claimInfo) {
-	holder := p.holderOf(pi)
+	return p.passiveAs(pi, p.holderOf(pi))
+}
+
+// passiveAs is passive for a pod whose holder the caller knows.
+func (p *pool) passiveAs(pi *podInfo, holder *claimInfo) (podState, *claimInfo) {
 	switch {
 	case holder != nil && pi.present && pi.ready:
 		return stateHeld, holder

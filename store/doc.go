@@ -14,6 +14,10 @@
 // allocator writes. Failures are wrapped errors matching ErrPodHeld (with
 // a *HeldError naming the holder), ErrNotHeld or ErrInvalidArgument.
 //
+// A store may also be a BulkWriter: AllocateAll makes many allocations in
+// one call, as the allocator's recovery of a pool makes them (InMemory is
+// one).
+//
 // Two implementations pass the same conformance suite, package storetest,
 // which also checks other implementations. InMemory, the allocator's
 // default, is locked per pool so that rounds on different pools run in

@@ -18,7 +18,8 @@ import (
 // enough to look a pool up (or, on a pool's first Allocate, to add it).
 //
 // Allocate and HolderOf cost time proportional to the pods in the call,
-// not to the pool, and Free to the pods in the call and those its claim
+// not to the pool (AllocateAll, for a BulkWriter, makes its allocations
+// under one lock, the pool's index sized for them first), and Free to the pods in the call and those its claim
 // holds (a few pods are each found by a scan of the claim's pods, more in
 // one pass over them); Count costs constant time and
 // allocates nothing; Held sorts only the claim's pods. Snapshot, Holders
@@ -54,7 +55,10 @@ type InMemory struct {
 	pools map[types.NamespacedName]*poolIndex
 }
 
-var _ AllocationStore = (*InMemory)(nil)
+var (
+	_ AllocationStore = (*InMemory)(nil)
+	_ BulkWriter      = (*InMemory)(nil)
+)
 
 // testHookLookedUp, when not nil, runs in Allocate and Free between looking
 // a pool's index up and locking it, so that tests can run DeletePool in
@@ -103,8 +107,10 @@ type claimPods struct {
 	ns   *string
 	name string
 	// pods are the names of the pods the claim holds, in no order; never
-	// empty while the claim is in its pool's claims.
+	// empty while the claim is in its pool's claims. A claim that comes
+	// with one pod keeps it in one, which costs no allocation of its own.
 	pods []string
+	one  [1]string
 }
 
 // claimUID is the key of claimPods in poolIndex.claims.
@@ -192,15 +198,20 @@ func (s *InMemory) lookupOrCreate(pool types.NamespacedName) *poolIndex {
 // Allocate records that h holds pods in pool, all or nothing. See
 // Writer.Allocate and the InMemory type documentation.
 func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) error {
-	if h.UID == "" {
-		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
-	}
-	if err := checkNames(pool, pods); err != nil {
+	if err := checkAllocate(pool, h, pods); err != nil {
 		return err
 	}
 	if len(pods) == 0 {
 		return nil
 	}
+	var err error
+	s.write(pool, func(p *poolIndex) { err = p.allocate(pool, h, pods) })
+	return err
+}
+
+// write runs f on pool's live index, made if the store has none, under
+// the index's lock.
+func (s *InMemory) write(pool types.NamespacedName, f func(p *poolIndex)) {
 	for {
 		p := s.lookupOrCreate(pool)
 		if testHookLookedUp != nil {
@@ -213,10 +224,55 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 			p.mu.Unlock()
 			continue
 		}
-		err := p.allocate(pool, h, pods)
+		f(p)
 		p.mu.Unlock()
-		return err
+		return
 	}
+}
+
+// AllocateAll makes allocs in order under one lock, the pool's index
+// sized for them first. See BulkWriter.AllocateAll.
+func (s *InMemory) AllocateAll(pool types.NamespacedName, allocs []Allocation) (int, error) {
+	pods := 0
+	for _, a := range allocs {
+		pods += len(a.Pods)
+	}
+	if pods == 0 {
+		// As many Allocates of no pods: only the arguments are checked.
+		for k, a := range allocs {
+			if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
+				return k, err
+			}
+		}
+		return len(allocs), nil
+	}
+	var (
+		k   int
+		err error
+	)
+	s.write(pool, func(p *poolIndex) { k, err = p.allocateAll(pool, allocs, pods) })
+	return k, err
+}
+
+// allocateAll does AllocateAll's work on a live index, whose lock the
+// caller holds; pods is how many pods allocs hold in all.
+func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, pods int) (int, error) {
+	if len(p.pods) == 0 {
+		p.pods = make(map[string]*claimPods, pods)
+	}
+	p.claims.Grow(p.claims.Len() + len(allocs))
+	for k, a := range allocs {
+		if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
+			return k, err
+		}
+		if len(a.Pods) == 0 {
+			continue
+		}
+		if err := p.allocate(pool, a.Holder, a.Pods); err != nil {
+			return k, err
+		}
+	}
+	return len(allocs), nil
 }
 
 // allocate does Allocate's work on a live index. The caller holds p.mu and
@@ -237,7 +293,12 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder().Claim)
 	}
 	if !known {
-		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name, pods: make([]string, 0, len(pods))}
+		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name}
+		if len(pods) == 1 {
+			c.pods = c.one[:0]
+		} else {
+			c.pods = make([]string, 0, len(pods))
+		}
 		if h.Claim.Namespace != p.ns {
 			ns := h.Claim.Namespace
 			c.ns = &ns
@@ -461,6 +522,14 @@ func comparePools(a, b types.NamespacedName) int {
 		return c
 	}
 	return cmp.Compare(a.Name, b.Name)
+}
+
+// checkAllocate checks Allocate's arguments: a UID, and no empty name.
+func checkAllocate(pool types.NamespacedName, h Holder, pods []string) error {
+	if h.UID == "" {
+		return fmt.Errorf("pool %s: claim %s: %w: empty claim UID", pool, h.Claim, ErrInvalidArgument)
+	}
+	return checkNames(pool, pods)
 }
 
 // checkNames reports the first empty pod name in pods.

@@ -91,6 +91,27 @@ type Writer interface {
 	DeletePool(pool types.NamespacedName) error
 }
 
+// Allocation is one allocation of BulkWriter.AllocateAll: Holder holds
+// Pods.
+type Allocation struct {
+	Holder Holder
+	Pods   []string
+}
+
+// BulkWriter is what a store may offer beyond Writer: many allocations in
+// one call, as a pool's recovery makes them, one per claim. The allocator
+// uses it when its store implements it, Allocate otherwise. storetest
+// checks it where it is implemented.
+type BulkWriter interface {
+	// AllocateAll makes allocs in order, each as Allocate(pool,
+	// a.Holder, a.Pods) would at its turn (a pod of one may not be in an
+	// earlier one). It stops at the first that fails, which changes
+	// nothing, and returns its index and the error Allocate would return;
+	// those before it are made. When all are made it returns len(allocs)
+	// and nil. It neither modifies nor retains allocs or their pods.
+	AllocateAll(pool types.NamespacedName, allocs []Allocation) (int, error)
+}
+
 // Errors returned by AllocationStore implementations, wrapped with the pool
 // and pod they concern. Match them with errors.Is.
 var (

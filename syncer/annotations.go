@@ -124,19 +124,15 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 			Err:    ErrRecordTooLarge,
 		}
 	}
+	// Field by field: a loop over pointers to them would move rec to the
+	// heap, an allocation per call.
 	var rec Record
-	for _, f := range [...]struct {
-		key string
-		out *[]string
-	}{
-		{s.keys.Allocated, &rec.Allocated},
-		{s.keys.Released, &rec.Released},
-	} {
-		pods, err := decodePods(ann[f.key], s.repeats)
-		if err != nil {
-			return Record{}, withClaim(err, claim, f.key)
-		}
-		*f.out = pods
+	var err error
+	if rec.Allocated, err = decodePods(ann[s.keys.Allocated], s.repeats); err != nil {
+		return Record{}, withClaim(err, claim, s.keys.Allocated)
+	}
+	if rec.Released, err = decodePods(ann[s.keys.Released], s.repeats); err != nil {
+		return Record{}, withClaim(err, claim, s.keys.Released)
 	}
 	release, err := decodePods(ann[s.keys.Release], s.repeats)
 	if err != nil {

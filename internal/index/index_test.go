@@ -30,10 +30,37 @@ func TestIsAMap(t *testing.T) {
 				x.Set(e)
 				model[e.k] = e
 			},
+			"insert": func(t *rapid.T) {
+				e := &indexEntry{k: keys.Draw(t, "key"), v: rapid.String().Draw(t, "value")}
+				got, added := x.Insert(e)
+				if old, ok := model[e.k]; ok {
+					if added || got != old {
+						t.Fatalf("insert %s over %v: %v, %v; want the entry there, false", e.k, old, got, added)
+					}
+					return
+				}
+				if !added || got != e {
+					t.Fatalf("insert %s: %v, %v; want it, true", e.k, got, added)
+				}
+				model[e.k] = e
+			},
+			"grow": func(t *rapid.T) {
+				x.Grow(rapid.IntRange(0, 50).Draw(t, "n"))
+			},
 			"del": func(t *rapid.T) {
 				k := keys.Draw(t, "key")
 				x.Del(k)
 				delete(model, k)
+			},
+			"getMany": func(t *rapid.T) {
+				ks := rapid.SliceOfN(keys, 0, ManyMax).Draw(t, "keys")
+				out := make([]*indexEntry, len(ks))
+				x.GetMany(ks, out)
+				for i, k := range ks {
+					if out[i] != model[k] {
+						t.Fatalf("getMany %v: %s is %v, want %v", ks, k, out[i], model[k])
+					}
+				}
 			},
 			"get": func(t *rapid.T) {
 				k := keys.Draw(t, "key")

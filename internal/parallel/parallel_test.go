@@ -52,3 +52,29 @@ func TestDoReturnsTheContextsError(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.False(t, ran)
 }
+
+func TestSplitCoversEveryIndexOnce(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 100, 1001} {
+		seen := make([]atomic.Int32, n)
+		parallel.Split(n, 10, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				seen[i].Add(1)
+			}
+		})
+		for i := range seen {
+			require.Equal(t, int32(1), seen[i].Load(), "n=%d index %d", n, i)
+		}
+	}
+}
+
+func TestSplitPanicsOnTheCallersGoroutine(t *testing.T) {
+	defer func() {
+		require.Equal(t, "boom", recover())
+	}()
+	parallel.Split(1000, 1, func(lo, hi int) {
+		if lo <= 500 && 500 < hi {
+			panic("boom")
+		}
+	})
+	t.Fatal("Split returned")
+}

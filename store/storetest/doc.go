@@ -11,7 +11,8 @@
 // claims known by UID rather than name, arguments neither modified nor
 // retained, results owned by the caller, concurrent use (run it with
 // -race), and a pgregory.net/rapid state-machine test against a plain map
-// model.
+// model. A store that is also a store.BulkWriter has AllocateAll checked
+// too, in a subtest and in the model.
 //
 // To check your own implementation, call Run from a test in your package:
 //

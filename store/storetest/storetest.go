@@ -61,6 +61,7 @@ func Run(t *testing.T, newStore func() store.AllocationStore) {
 		{"OutputsOwnedByCaller", testOutputs},
 		{"ConcurrentAllocate", testConcurrentAllocate},
 		{"ConcurrentPools", testConcurrentPools},
+		{"AllocateAll", testAllocateAll},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, fresh(t)) })
 	}
@@ -84,7 +85,29 @@ type errorer interface {
 }
 
 func guard(t errorer, s store.AllocationStore) store.AllocationStore {
-	return guarded{AllocationStore: s, t: t}
+	g := guarded{AllocationStore: s, t: t}
+	if _, ok := s.(store.BulkWriter); ok {
+		return guardedBulk{g}
+	}
+	return g
+}
+
+// guardedBulk is guarded for a store that is a store.BulkWriter too.
+type guardedBulk struct{ guarded }
+
+func (g guardedBulk) AllocateAll(pool types.NamespacedName, allocs []store.Allocation) (int, error) {
+	arg := make([]store.Allocation, len(allocs))
+	for i, a := range allocs {
+		arg[i] = store.Allocation{Holder: a.Holder, Pods: slices.Clone(a.Pods)}
+	}
+	k, err := g.AllocationStore.(store.BulkWriter).AllocateAll(pool, arg)
+	for i := range arg {
+		if arg[i].Holder != allocs[i].Holder {
+			g.t.Errorf("AllocateAll(%s, …) modified the holder of allocation %d", pool, i)
+		}
+		g.check("AllocateAll", pool, allocs[i].Pods, arg[i].Pods)
+	}
+	return k, err
 }
 
 // retainedName replaces each pod name in a guarded call's argument after
@@ -307,6 +330,62 @@ func testAllocateInvalid(t *testing.T, s store.AllocationStore) {
 		checkPool(t, s, poolB, nil, "a", "b")
 		checkPools(t, s, poolA)
 	}
+}
+
+// testAllocateAll checks store.BulkWriter, for a store that has it:
+// allocations made in order, up to the first that fails.
+func testAllocateAll(t *testing.T, s store.AllocationStore) {
+	b, ok := s.(store.BulkWriter)
+	if !ok {
+		t.Skip("not a store.BulkWriter")
+	}
+	claimZ := store.Holder{UID: "uid-z", Claim: types.NamespacedName{Namespace: poolA.Namespace, Name: "claim-z"}}
+	k, err := b.AllocateAll(poolA, []store.Allocation{
+		{Holder: claimX, Pods: []string{"c", "a"}},
+		{Holder: claimY, Pods: nil},
+		{Holder: claimY, Pods: []string{"d"}},
+		{Holder: claimX, Pods: []string{"b"}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, 4, k)
+	want := union(hold(claimX, "a", "b", "c"), hold(claimY, "d"))
+	checkPool(t, s, poolA, want, "e", "f")
+	checkPools(t, s, poolA)
+
+	// The third asks for a pod the first took: the first two are made, the
+	// third changes nothing, the fourth is not made.
+	k, err = b.AllocateAll(poolA, []store.Allocation{
+		{Holder: claimZ, Pods: []string{"e"}},
+		{Holder: claimY, Pods: []string{"g"}},
+		{Holder: claimXAgain, Pods: []string{"h", "e"}},
+		{Holder: claimZ, Pods: []string{"f"}},
+	})
+	require.Equal(t, 2, k)
+	requireHeldError(t, err, poolA, "e", claimZ)
+	want = union(want, hold(claimZ, "e"), hold(claimY, "g"))
+	checkPool(t, s, poolA, want, "f", "h")
+
+	// An invalid argument stops it as well; one in a pool the store has
+	// never seen leaves the pool unknown.
+	k, err = b.AllocateAll(poolA, []store.Allocation{
+		{Holder: claimZ, Pods: []string{"f"}},
+		{Holder: claimY, Pods: []string{"i", "", "j"}},
+	})
+	require.Equal(t, 1, k)
+	require.ErrorIs(t, err, store.ErrInvalidArgument)
+	want = union(want, hold(claimZ, "f"))
+	checkPool(t, s, poolA, want, "i", "j")
+	k, err = b.AllocateAll(poolB, []store.Allocation{{Holder: store.Holder{Claim: claimY.Claim}, Pods: []string{"a"}}})
+	require.Equal(t, 0, k)
+	require.ErrorIs(t, err, store.ErrInvalidArgument)
+	checkPool(t, s, poolB, nil, "a")
+	checkPools(t, s, poolA)
+
+	// Nothing to make.
+	k, err = b.AllocateAll(poolB, nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, k)
+	checkPools(t, s, poolA)
 }
 
 func testFree(t *testing.T, s store.AllocationStore) {
@@ -762,6 +841,73 @@ func (m model) free(pool types.NamespacedName) []string {
 	return out
 }
 
+// clone returns a copy of m.
+func (m model) clone() model {
+	out := model{}
+	for p, pods := range m {
+		out[p] = maps.Clone(pods)
+	}
+	return out
+}
+
+// conflicts returns the pods of pods that are held in pool.
+func (m model) conflicts(pool types.NamespacedName, pods []string) []string {
+	var out []string
+	for _, pod := range pods {
+		if _, held := m[pool][pod]; held {
+			out = append(out, pod)
+		}
+	}
+	return out
+}
+
+// hold records that h holds pods in pool.
+func (m model) hold(pool types.NamespacedName, h store.Holder, pods []string) {
+	if m[pool] == nil {
+		m[pool] = map[string]store.Holder{}
+	}
+	for _, pod := range pods {
+		m[pool][pod] = h
+	}
+}
+
+// allocated checks err, what the store returned for an Allocate(pool, h,
+// pods), against the model, and records what it made.
+func (m model) allocated(t *rapid.T, pool types.NamespacedName, h store.Holder, pods []string, err error) {
+	invalid := h.UID == "" || invalidPods(pods)
+	conflicts := m.conflicts(pool, pods)
+	var he *store.HeldError
+	switch {
+	case invalid && len(conflicts) > 0:
+		// Both apply; the contract does not rank them.
+		if !errors.Is(err, store.ErrInvalidArgument) {
+			require.ErrorAs(t, err, &he, "Allocate(%s, %s, %q)", pool, h, pods)
+		}
+	case invalid:
+		require.ErrorIs(t, err, store.ErrInvalidArgument, "Allocate(%s, %s, %q)", pool, h, pods)
+	case len(conflicts) > 0:
+		require.ErrorIs(t, err, store.ErrPodHeld, "Allocate(%s, %s, %q)", pool, h, pods)
+		require.ErrorAs(t, err, &he, "Allocate(%s, %s, %q)", pool, h, pods)
+	default:
+		require.NoError(t, err, "Allocate(%s, %s, %q)", pool, h, pods)
+		m.hold(pool, h, pods)
+	}
+	if he != nil {
+		require.Equal(t, pool, he.Pool, "HeldError.Pool")
+		require.Contains(t, conflicts, he.Pod, "HeldError.Pod")
+		require.Equal(t, m[pool][he.Pod], he.Holder, "HeldError.Holder")
+	}
+}
+
+// drawHolder draws a holder of modelHolders, now and then without a UID.
+func drawHolder(t *rapid.T) store.Holder {
+	h := rapid.SampledFrom(modelHolders).Draw(t, "holder")
+	if rapid.IntRange(0, 19).Draw(t, "noUID") == 1 {
+		h.UID = ""
+	}
+	return h
+}
+
 var (
 	modelPools   = []types.NamespacedName{poolA, poolB}
 	modelPods    = []string{"p0", "p1", "p2", "p3", "p4", "p5"}
@@ -821,47 +967,44 @@ func testModel(t *testing.T, newStore func() store.AllocationStore) {
 		t.Repeat(map[string]func(*rapid.T){
 			"Allocate": func(t *rapid.T) {
 				p := pool.Draw(t, "pool")
-				h := rapid.SampledFrom(modelHolders).Draw(t, "holder")
-				if rapid.IntRange(0, 19).Draw(t, "noUID") == 1 {
-					h.UID = ""
-				}
+				h := drawHolder(t)
 				pods := drawPods(t, m.free(p))
 				arg := slices.Clone(pods)
 				err := s.Allocate(p, h, arg)
 				require.Equal(t, pods, arg, "Allocate modified its pods argument")
-
-				invalid := h.UID == "" || invalidPods(pods)
-				var conflicts []string
-				for _, pod := range pods {
-					if _, held := m[p][pod]; held {
-						conflicts = append(conflicts, pod)
-					}
+				m.allocated(t, p, h, pods, err)
+			},
+			"AllocateAll": func(t *rapid.T) {
+				b, ok := s.(store.BulkWriter)
+				if !ok {
+					t.Skip("not a store.BulkWriter")
 				}
-				var he *store.HeldError
-				switch {
-				case invalid && len(conflicts) > 0:
-					// Both apply; the contract does not rank them.
-					if !errors.Is(err, store.ErrInvalidArgument) {
-						require.ErrorAs(t, err, &he, "Allocate(%s, %s, %q)", p, h, pods)
-					}
-				case invalid:
-					require.ErrorIs(t, err, store.ErrInvalidArgument, "Allocate(%s, %s, %q)", p, h, pods)
-				case len(conflicts) > 0:
-					require.ErrorIs(t, err, store.ErrPodHeld, "Allocate(%s, %s, %q)", p, h, pods)
-					require.ErrorAs(t, err, &he, "Allocate(%s, %s, %q)", p, h, pods)
-				default:
-					require.NoError(t, err, "Allocate(%s, %s, %q)", p, h, pods)
-					if m[p] == nil {
-						m[p] = map[string]store.Holder{}
-					}
-					for _, pod := range pods {
-						m[p][pod] = h
-					}
+				p := pool.Draw(t, "pool")
+				free := m.free(p)
+				allocs := make([]store.Allocation, rapid.IntRange(0, 3).Draw(t, "allocs"))
+				for i := range allocs {
+					allocs[i] = store.Allocation{Holder: drawHolder(t), Pods: drawPods(t, free)}
 				}
-				if he != nil {
-					require.Equal(t, p, he.Pool, "HeldError.Pool")
-					require.Contains(t, conflicts, he.Pod, "HeldError.Pod")
-					require.Equal(t, m[p][he.Pod], he.Holder, "HeldError.Holder")
+				// The first that Allocate would refuse at its turn.
+				want := len(allocs)
+				after := m.clone()
+				for i, a := range allocs {
+					if a.Holder.UID == "" || invalidPods(a.Pods) || len(after.conflicts(p, a.Pods)) > 0 {
+						want = i
+						break
+					}
+					after.hold(p, a.Holder, a.Pods)
+				}
+				k, err := b.AllocateAll(p, allocs)
+				require.Equal(t, want, k, "AllocateAll(%s, %v) stopped at %d: %v", p, allocs, k, err)
+				for _, a := range allocs[:k] {
+					m.hold(p, a.Holder, a.Pods)
+				}
+				if k < len(allocs) {
+					require.Error(t, err)
+					m.allocated(t, p, allocs[k].Holder, allocs[k].Pods, err)
+				} else {
+					require.NoError(t, err)
 				}
 			},
 			"Free": func(t *rapid.T) {

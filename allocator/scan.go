@@ -1,0 +1,334 @@
+package allocator
+
+import (
+	"math"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// scan checks a round's pods and claims as prepare does, stamps the pods
+// and claims the pool knows as listed in this round, and returns those
+// that observePod and observeClaim must take in: new or changed ones
+// (claims by index), in the listing's order. A pod or claim the pool
+// knows, unchanged, costs a lookup and a comparison. The stamps find the
+// duplicates. When the input is refused the error is that of its first
+// pod, else its first claim, that is refused, and the pool's state is not
+// changed.
+//
+// A listing in a stable order (a slice the caller keeps, or a List from the
+// API server, sorted by name) shows the pods and claims in the order of
+// podSeen and claimSeen, which are filled in listing order: scan looks for
+// each one first at the place after the previous one's (a hint), which
+// costs no lookup and reads the pool's entries one after another. A
+// listing in another order (an informer cache's, whose List comes out in
+// map order, another one each time) pays a cache miss for each of a pod's
+// name, index slot, entry, key and stamp: once the hint has missed
+// maxHintMisses times more than it hit, scan finds the rest a chunk at a
+// time in stages (index.GetMany, then stampsOf), each stage one load per
+// object of the chunk, so that their misses overlap rather than come one
+// after another.
+func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, error) {
+	changedPods, err := r.scanPods(pods)
+	if err != nil {
+		return nil, nil, err
+	}
+	changedClaims, err := r.scanClaims(claims)
+	if err != nil {
+		return nil, nil, err
+	}
+	return changedPods, changedClaims, nil
+}
+
+// scanChunk is how many pods or claims scan reads ahead at a time.
+const scanChunk = 64
+
+// maxHintMisses bounds how many more misses than hits a hint may have in a
+// scan before it is no longer tried.
+const maxHintMisses = 64
+
+// hint is where scan looks first for the next pod or claim of a listing:
+// at next in podSeen or claimSeen.
+type hint struct {
+	next         int
+	hits, misses int
+}
+
+// off reports whether the hint has missed too often to be tried again in
+// this scan.
+func (h *hint) off() bool { return h.misses > h.hits+maxHintMisses }
+
+// try reports whether to look at next, in an array of n.
+func (h *hint) try(n int) bool { return h.next < n && !h.off() }
+
+func (h *hint) count(hit bool) {
+	if hit {
+		h.hits++
+	} else {
+		h.misses++
+	}
+}
+
+// podHead and claimHead are what scan reads of every listed pod or claim
+// (a pod's namespace only when it is new or changed).
+type podHead struct {
+	name string
+	uid  types.UID
+	rv   string
+}
+
+func headOfPod(pod *corev1.Pod) podHead {
+	m := &pod.ObjectMeta
+	return podHead{name: m.Name, uid: m.UID, rv: m.ResourceVersion}
+}
+
+type claimHead struct {
+	uid      types.UID
+	rv       string
+	want     int
+	priority int32
+}
+
+// headOfClaim reads what scan needs of a listed claim.
+func headOfClaim(c *Claim) claimHead {
+	hd := claimHead{want: c.Want, priority: c.Priority}
+	hd.uid, hd.rv = idOf(c.Object)
+	return hd
+}
+
+// idOf reads an object's UID and resourceVersion: from its ObjectMeta
+// directly when it has one (a typed claim), through the object's methods
+// otherwise; empty for nil.
+func idOf(o client.Object) (types.UID, string) {
+	if a, ok := o.(metav1.ObjectMetaAccessor); ok {
+		if m, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok && m != nil {
+			return m.UID, m.ResourceVersion
+		}
+	}
+	if o == nil {
+		return "", ""
+	}
+	return o.GetUID(), o.GetResourceVersion()
+}
+
+// scanPods is scan's part for the pods.
+func (r *round) scanPods(pods []corev1.Pod) ([]*corev1.Pod, error) {
+	p := r.p
+	// A chunk at a time: a first pass copies out of each pod what the
+	// round reads, in a loop short enough for the cache misses of many
+	// pods to overlap (a listing is larger than the caches); the next work
+	// on the copies.
+	var (
+		changed []*corev1.Pod
+		newPods map[string]struct{}
+		h       hint
+		heads   [scanChunk]podHead
+		keys    [scanChunk]string
+		found   [scanChunk]*podInfo
+		stamps  [scanChunk]*stamp[*podInfo]
+	)
+	for start := 0; start < len(pods); start += scanChunk {
+		chunk := pods[start:min(start+scanChunk, len(pods))]
+		for j := range chunk {
+			heads[j] = headOfPod(&chunk[j])
+		}
+		if h.off() {
+			for j := range chunk {
+				keys[j] = heads[j].name
+			}
+			p.pods.GetMany(keys[:len(chunk)], found[:len(chunk)])
+			stampsOf(p.podSeen, found[:len(chunk)], stamps[:len(chunk)])
+			for j := range chunk {
+				take, err := r.scanPod(start+j, &chunk[j], &heads[j], found[j], stamps[j], &newPods)
+				if err != nil {
+					return nil, err
+				}
+				if take {
+					changed = append(changed, &chunk[j])
+				}
+			}
+			continue
+		}
+		for j := range chunk {
+			hd := &heads[j]
+			var pi *podInfo
+			var st *stamp[*podInfo]
+			if h.try(len(p.podSeen)) {
+				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name() == hd.name {
+					pi, st = s.v, s // the entry of pods under that name
+				}
+				h.count(pi != nil)
+			}
+			if pi == nil && hd.name != "" {
+				pi = p.pods.Get(hd.name)
+			}
+			take, err := r.scanPod(start+j, &chunk[j], hd, pi, st, &newPods)
+			if err != nil {
+				return nil, err
+			}
+			if take {
+				changed = append(changed, &chunk[j])
+			}
+			if pi != nil {
+				h.next = int(pi.idx) + 1
+			}
+		}
+	}
+	return changed, nil
+}
+
+// scanPod looks at pod j of the listing, read as hd, whose entry is pi (nil
+// when the pool has none), with its stamp st if the caller has it: it
+// stamps the entry and reports whether the round must observe the pod, or
+// why the listing is refused. newPods holds the names of the pods new to
+// the pool met so far.
+func (r *round) scanPod(j int, pod *corev1.Pod, hd *podHead, pi *podInfo, st *stamp[*podInfo], newPods *map[string]struct{}) (bool, error) {
+	p := r.p
+	if hd.name == "" {
+		return false, checkPod(p.name, j, pod)
+	}
+	if pi == nil {
+		if pod.Namespace != p.name.Namespace || len(hd.name) > maxPodName {
+			return false, checkPod(p.name, j, pod)
+		}
+		if *newPods == nil {
+			*newPods = make(map[string]struct{})
+		}
+		if _, dup := (*newPods)[hd.name]; dup {
+			return false, errPodTwice(p.name, hd.name)
+		}
+		(*newPods)[hd.name] = struct{}{}
+		return true, nil
+	}
+	if st == nil {
+		st = p.podSeen.at(pi)
+	}
+	if st.seen == p.gen {
+		return false, errPodTwice(p.name, hd.name)
+	}
+	st.seen = p.gen
+	if (pi.uid() != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
+		// Changed: checked whole. (A version taken in before was
+		// checked then: its namespace cannot have changed.)
+		if pod.Namespace != p.name.Namespace {
+			return false, checkPod(p.name, j, pod)
+		}
+		return true, nil
+	}
+	if pi.recycling() || pi.settling() != nil {
+		r.noteListed(pi, pod)
+	}
+	return false, nil
+}
+
+// scanClaims is scan's part for the claims, as scanPods is for the pods.
+func (r *round) scanClaims(claims []Claim) ([]int, error) {
+	p := r.p
+	var (
+		changed   []int
+		newClaims map[types.UID]struct{}
+		h         hint
+		heads     [scanChunk]claimHead
+		keys      [scanChunk]string
+		found     [scanChunk]*claimInfo
+		stamps    [scanChunk]*stamp[*claimInfo]
+	)
+	for start := 0; start < len(claims); start += scanChunk {
+		chunk := claims[start:min(start+scanChunk, len(claims))]
+		for j := range chunk {
+			heads[j] = headOfClaim(&chunk[j])
+		}
+		if h.off() {
+			for j := range chunk {
+				keys[j] = string(heads[j].uid)
+			}
+			p.claims.GetMany(keys[:len(chunk)], found[:len(chunk)])
+			stampsOf(p.claimSeen, found[:len(chunk)], stamps[:len(chunk)])
+			for j := range chunk {
+				take, err := r.scanClaim(start+j, &chunk[j], &heads[j], found[j], stamps[j], &newClaims)
+				if err != nil {
+					return nil, err
+				}
+				if take {
+					changed = append(changed, start+j)
+				}
+			}
+			continue
+		}
+		for j := range chunk {
+			hd := &heads[j]
+			var ci *claimInfo
+			var st *stamp[*claimInfo]
+			if h.try(len(p.claimSeen)) {
+				if s := &p.claimSeen[h.next]; s.v.uid() == hd.uid {
+					ci, st = s.v, s // the entry of claims under uid
+				}
+				h.count(ci != nil)
+			}
+			if ci == nil && hd.uid != "" {
+				ci = p.claims.Get(string(hd.uid))
+			}
+			take, err := r.scanClaim(start+j, &chunk[j], hd, ci, st, &newClaims)
+			if err != nil {
+				return nil, err
+			}
+			if take {
+				changed = append(changed, start+j)
+			}
+			if ci != nil {
+				h.next = int(ci.idx) + 1
+			}
+		}
+	}
+	return changed, nil
+}
+
+// scanClaim is scanPod for claim i of the listing.
+func (r *round) scanClaim(i int, c *Claim, hd *claimHead, ci *claimInfo, st *stamp[*claimInfo], newClaims *map[types.UID]struct{}) (bool, error) {
+	p := r.p
+	if c.Object == nil || hd.uid == "" || hd.want < 0 || hd.want > math.MaxInt32 {
+		return false, checkClaim(p.name, i, *c)
+	}
+	if ci == nil {
+		if c.Object.GetNamespace() != p.name.Namespace {
+			return false, checkClaim(p.name, i, *c)
+		}
+		if *newClaims == nil {
+			*newClaims = make(map[types.UID]struct{})
+		}
+		if _, dup := (*newClaims)[hd.uid]; dup {
+			return false, errClaimTwice(p.name, c.Object)
+		}
+		(*newClaims)[hd.uid] = struct{}{}
+		return true, nil
+	}
+	if st == nil {
+		st = p.claimSeen.at(ci)
+	}
+	if st.seen == p.gen {
+		return false, errClaimTwice(p.name, c.Object)
+	}
+	st.seen = p.gen
+	if hd.rv == "" || !ci.sawRV(hd.rv) || !ci.known() || !ci.listed ||
+		hd.rv == ci.rv && (int64(hd.want) != int64(ci.want) || hd.priority != ci.priority) {
+		if c.Object.GetNamespace() != p.name.Namespace {
+			return false, checkClaim(p.name, i, *c)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// stampsOf sets stamps[i] to the stamp of found[i] in l (nil for a nil
+// entry), in a loop of its own: the stamps' cache misses overlap.
+func stampsOf[T stamped](l seenList[T], found []T, stamps []*stamp[T]) {
+	var zero T
+	for i, v := range found {
+		stamps[i] = nil
+		if v != zero {
+			stamps[i] = l.at(v)
+		}
+	}
+}
