@@ -18,28 +18,32 @@ import (
 	"github.com/poolalloc/poolalloc/syncer"
 )
 
-// Recovery (docs/design.md I5): a pool's first Round rebuilds its state
-// from the listing, the claims' records and, with pod marks, the pods'
-// marks. It is one pass over the listing:
+// Recovery (docs/design.md I5, §13): a pool's first Round rebuilds its
+// state from the listing, the claims' records and, with pod marks, the
+// pods' marks, in one pass over the listing (first):
 //
-//   - prepare checks the input (as validateInput does) and makes the
-//     pods' and claims' entries, decoding every claim's record, spread
-//     over the cores (spread.Split): each pod and claim is independent.
-//     It changes nothing of the pool.
-//   - installPods puts the pods in the pool, in listing order, each in the
-//     state an empty store gives it (the store forgets the pool first).
-//   - recover takes the records in, one claim at a time in listing order:
-//     a record that lists pods marked for its claim (the common case)
-//     costs one store write; anything else goes through takeIn's rules.
-//     Then the marks that no record backs are resolved.
-//   - A claim that ends the recovery holding what it wants, with nothing
-//     pending, is not planned in the round, and no version of it is kept
-//     (as settle would drop it at the round's end): only claims with
-//     something to do cost the round more than their entries.
+//   - prepare checks the input (as scan does in later rounds) and makes
+//     the pods' and claims' entries, decoding every claim's record and
+//     finding every pod's place, on every core (spread.Split): each pod
+//     and claim is independent. It builds the pods' index while the
+//     records are decoded, and the claims' while each record's pods are
+//     sorted (splitAll). It changes nothing of the pool.
+//   - The store forgets the pool, and nothing more happens if a record
+//     cannot be read (readable).
+//   - installPods puts the pods in, in listing order, each in the state
+//     the listing gives it with no holder; meanwhile, with pod marks,
+//     giveMarked gives every claim the pods its record lists that are
+//     listed and marked for it, all claims in one store write.
+//   - rebuild takes the claims in: every other record entry goes through
+//     takeName's rules, then the marks that no record backs are resolved.
+//     A claim that then holds what it wants, with nothing pending, is not
+//     planned in the round, and no version of it is kept (as settle would
+//     drop it at the round's end): only claims with something to do cost
+//     the round more than their entries.
 //
 // A pool whose recovery failed (a record it cannot read) keeps its pods;
 // the next Round observes them as any round does and recovers the claims
-// again (recover without a prepared listing).
+// again (recover).
 
 // minSplit is the least number of pods or claims prepare gives a core:
 // below it, a goroutine costs more than it saves.
@@ -129,8 +133,10 @@ func (f *recClaim) names(out []string) []string {
 	return append(out, f.rest...)
 }
 
-// prepare checks a pool's first input as validateInput does, returning
-// the same error for the first problem in the input's order, and makes
+// prepare checks a pool's first input as scan would (a pod without a
+// name, of another namespace, with too long a name, or listed twice; a
+// claim as checkClaim says, or listed twice), returning the error of the
+// first problem in the input's order, pods first, and makes
 // the entries of its pods and claims, decoding the claims' records. The
 // readiness rule and the syncer's Read run on several goroutines at once.
 // It changes nothing of the pool.
@@ -268,7 +274,7 @@ func both(a, b func()) {
 	})
 }
 
-// prepareClaims checks claims as validateInput does (bad is the first that
+// prepareClaims checks claims with checkClaim (bad is the first that
 // fails, len(claims) if none), makes their entries and decodes their
 // records, on several goroutines for many claims. The pods each record
 // holds are in rest, for splitAll to sort.
@@ -513,7 +519,10 @@ func (r *round) recover(claims []Claim) error {
 // first that lists a pod an earlier one lists; it reports the release
 // lists it cannot read before it. It changes nothing of the pool.
 func (r *round) readable(prep []recClaim) error {
-	var owner map[string]*claimInfo
+	var (
+		owner map[string]*claimInfo
+		names []string
+	)
 	if !r.marks() {
 		owner = make(map[string]*claimInfo, len(prep))
 	}
@@ -526,7 +535,8 @@ func (r *round) readable(prep []recClaim) error {
 		if owner == nil {
 			continue
 		}
-		for _, pod := range f.names(nil) {
+		names = f.names(names[:0])
+		for _, pod := range names {
 			if other, dup := owner[pod]; dup {
 				return r.blocked(f.ci.uid(), f.ci.name(), fmt.Errorf("%w: pod %s is also listed by claim %s (uid %s)",
 					syncer.ErrMalformedRecord, pod, other.name(), other.uid()))
