@@ -200,19 +200,7 @@ func (f *Follower) OnPod(old, pod *corev1.Pod) []types.NamespacedName {
 	if pod != nil {
 		to = f.cfg.PodPool(pod)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if from.Name != "" && from != to {
-		if p := f.pools[from]; p != nil {
-			p.changes.podGone(old.Name)
-		}
-	}
-	if to.Name != "" {
-		if p := f.pools[to]; p != nil {
-			p.changes.setPod(pod)
-		}
-	}
-	return pools(from, to)
+	return f.move(from, to, func(c *changes) { c.podGone(old.Name) }, func(c *changes) { c.setPod(pod) })
 }
 
 // OnClaim takes in a claim event, as OnPod does a pod's.
@@ -224,16 +212,23 @@ func (f *Follower) OnClaim(old, claim client.Object) []types.NamespacedName {
 	if claim != nil {
 		to = f.cfg.ClaimPool(claim)
 	}
+	return f.move(from, to, func(c *changes) { c.claimGone(old.GetUID()) }, func(c *changes) { c.setClaim(claim) })
+}
+
+// move records an object's event that took it from pool from to pool to
+// (either zero for none): gone from from's changes if it left it, set in
+// to's. Pools not followed keep nothing. It returns the pools concerned.
+func (f *Follower) move(from, to types.NamespacedName, gone, set func(*changes)) []types.NamespacedName {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if from.Name != "" && from != to {
 		if p := f.pools[from]; p != nil {
-			p.changes.claimGone(old.GetUID())
+			gone(&p.changes)
 		}
 	}
 	if to.Name != "" {
 		if p := f.pools[to]; p != nil {
-			p.changes.setClaim(claim)
+			set(&p.changes)
 		}
 	}
 	return pools(from, to)
