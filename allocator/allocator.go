@@ -495,6 +495,11 @@ type pool struct {
 	podSeen seenList[*podInfo]
 	// claimSeen does the same for the claims of claims (claimInfo.idx).
 	claimSeen seenList[*claimInfo]
+	// podRefs and claimRefs find stamps of podSeen and claimSeen by their
+	// refs; unordered is what scan reuses from round to round for a
+	// listing in no order (scanUnordered).
+	podRefs, claimRefs refTable
+	unordered          unorderedScratch
 	// free holds the candidates: present, ready, unheld, not reserved
 	// pods. Order is arbitrary but deterministic given the history; each
 	// podInfo knows its index for O(1) removal.

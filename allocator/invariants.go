@@ -117,6 +117,11 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if int(pi.idx) != i {
 			bad("podSeen[%d] %s has index %d", i, name, pi.idx)
 		}
+		// A ref names the index's entry (scanUnordered takes the stamp
+		// for it on its address alone).
+		if s.ref != "" && (s.ref != name || p.pods.Get(s.ref) != pi) {
+			bad("podSeen[%d] %s has ref %q, whose entry it is not", i, name, s.ref)
+		}
 		count[pi.state]++
 		_, isHeld := snap[name]
 		isHeld = isHeld && p.pods.Get(name) == pi
@@ -202,6 +207,11 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 	}
 	if len(p.podSeen) != p.pods.Len()+nexts {
 		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), p.pods.Len(), nexts)
+	}
+	for i, s := range p.claimSeen {
+		if s.ref != "" && (s.ref != string(s.v.uid()) || p.claims.Get(s.ref) != s.v) {
+			bad("claimSeen[%d] %s has ref %q, whose entry it is not", i, s.v.name(), s.ref)
+		}
 	}
 	if len(p.claimSeen) != p.claims.Len() {
 		bad("claimSeen has %d claimInfos, the pool %d", len(p.claimSeen), p.claims.Len())

@@ -125,9 +125,6 @@ func (r *round) scanPods(pods []corev1.Pod) ([]*corev1.Pod, error) {
 		newPods map[string]struct{}
 		h       hint
 		heads   [scanChunk]podHead
-		keys    [scanChunk]string
-		found   [scanChunk]*podInfo
-		stamps  [scanChunk]*stamp[*podInfo]
 	)
 	for start := 0; start < len(pods); start += scanChunk {
 		chunk := pods[start:min(start+scanChunk, len(pods))]
@@ -135,21 +132,7 @@ func (r *round) scanPods(pods []corev1.Pod) ([]*corev1.Pod, error) {
 			heads[j] = headOfPod(&chunk[j])
 		}
 		if h.off() {
-			for j := range chunk {
-				keys[j] = heads[j].name
-			}
-			p.pods.GetMany(keys[:len(chunk)], found[:len(chunk)])
-			stampsOf(p.podSeen, found[:len(chunk)], stamps[:len(chunk)])
-			for j := range chunk {
-				take, err := r.scanPod(start+j, &chunk[j], &heads[j], found[j], stamps[j], &newPods)
-				if err != nil {
-					return nil, err
-				}
-				if take {
-					changed = append(changed, &chunk[j])
-				}
-			}
-			continue
+			return r.scanPodsUnordered(pods[start:], start, changed, &newPods)
 		}
 		for j := range chunk {
 			hd := &heads[j]
@@ -231,9 +214,6 @@ func (r *round) scanClaims(claims []Claim) ([]int, error) {
 		newClaims map[types.UID]struct{}
 		h         hint
 		heads     [scanChunk]claimHead
-		keys      [scanChunk]string
-		found     [scanChunk]*claimInfo
-		stamps    [scanChunk]*stamp[*claimInfo]
 	)
 	for start := 0; start < len(claims); start += scanChunk {
 		chunk := claims[start:min(start+scanChunk, len(claims))]
@@ -241,21 +221,7 @@ func (r *round) scanClaims(claims []Claim) ([]int, error) {
 			heads[j] = headOfClaim(&chunk[j])
 		}
 		if h.off() {
-			for j := range chunk {
-				keys[j] = string(heads[j].uid)
-			}
-			p.claims.GetMany(keys[:len(chunk)], found[:len(chunk)])
-			stampsOf(p.claimSeen, found[:len(chunk)], stamps[:len(chunk)])
-			for j := range chunk {
-				take, err := r.scanClaim(start+j, &chunk[j], &heads[j], found[j], stamps[j], &newClaims)
-				if err != nil {
-					return nil, err
-				}
-				if take {
-					changed = append(changed, start+j)
-				}
-			}
-			continue
+			return r.scanClaimsUnordered(claims[start:], start, changed, &newClaims)
 		}
 		for j := range chunk {
 			hd := &heads[j]
@@ -288,7 +254,9 @@ func (r *round) scanClaims(claims []Claim) ([]int, error) {
 // scanClaim is scanPod for claim i of the listing.
 func (r *round) scanClaim(i int, c *Claim, hd *claimHead, ci *claimInfo, st *stamp[*claimInfo], newClaims *map[types.UID]struct{}) (bool, error) {
 	p := r.p
-	if c.Object == nil || hd.uid == "" || hd.want < 0 || hd.want > math.MaxInt32 {
+	// (A nil object has no UID: c is not read for a claim known and
+	// unchanged.)
+	if hd.uid == "" || hd.want < 0 || hd.want > math.MaxInt32 {
 		return false, checkClaim(p.name, i, *c)
 	}
 	if ci == nil {
@@ -331,4 +299,68 @@ func stampsOf[T stamped](l seenList[T], found []T, stamps []*stamp[T]) {
 			stamps[i] = l.at(v)
 		}
 	}
+}
+
+// scanPodsUnordered is scanPods for rest, the pods of the listing from
+// base on, once the hint is off (scanUnordered).
+func (r *round) scanPodsUnordered(rest []corev1.Pod, base int, changed []*corev1.Pod, newPods *map[string]struct{}) ([]*corev1.Pod, error) {
+	p := r.p
+	sc := &p.unordered
+	heads := grown(sc.podHeads, len(rest))
+	defer func() { clear(heads); sc.podHeads = heads[:0] }()
+	at := sc.begin(len(p.podSeen))
+	// Two loops: a pod's read and its lookup in one would chain their
+	// cache misses.
+	for i := range rest {
+		heads[i] = headOfPod(&rest[i])
+	}
+	for i := range heads {
+		sc.place(at, p.podRefs.lookup(heads[i].name), i)
+	}
+	take, err := scanUnordered(&unorderedScan[*podInfo, podHead]{
+		seen: p.podSeen, refs: &p.podRefs, index: &p.pods, gen: p.gen, heads: heads,
+		key: func(i int) string { return heads[i].name },
+		one: func(i int, pi *podInfo, st *stamp[*podInfo]) (bool, error) {
+			return r.scanPod(base+i, &rest[i], &heads[i], pi, st, newPods)
+		},
+		twice: func(i int) error { return errPodTwice(p.name, heads[i].name) },
+	}, sc)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range take {
+		changed = append(changed, &rest[i])
+	}
+	return changed, nil
+}
+
+// scanClaimsUnordered is scanPodsUnordered for the claims, found by the
+// address of their UIDs.
+func (r *round) scanClaimsUnordered(rest []Claim, base int, changed []int, newClaims *map[types.UID]struct{}) ([]int, error) {
+	p := r.p
+	sc := &p.unordered
+	heads := grown(sc.claimHeads, len(rest))
+	defer func() { clear(heads); sc.claimHeads = heads[:0] }()
+	at := sc.begin(len(p.claimSeen))
+	for i := range rest {
+		heads[i] = headOfClaim(&rest[i])
+	}
+	for i := range heads {
+		sc.place(at, p.claimRefs.lookup(string(heads[i].uid)), i)
+	}
+	take, err := scanUnordered(&unorderedScan[*claimInfo, claimHead]{
+		seen: p.claimSeen, refs: &p.claimRefs, index: &p.claims, gen: p.gen, heads: heads,
+		key: func(i int) string { return string(heads[i].uid) },
+		one: func(i int, ci *claimInfo, st *stamp[*claimInfo]) (bool, error) {
+			return r.scanClaim(base+i, &rest[i], &heads[i], ci, st, newClaims)
+		},
+		twice: func(i int) error { return errClaimTwice(p.name, rest[i].Object) },
+	}, sc)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range take {
+		changed = append(changed, base+int(i))
+	}
+	return changed, nil
 }

@@ -16,6 +16,11 @@ func (ci *claimInfo) seenIdx() *int32 { return &ci.idx }
 type stamp[T stamped] struct {
 	v    T
 	seen uint64
+	// ref is empty, or the key string (a pod's name, a claim's UID) a
+	// listing gave the entry when scan last found it by content in the
+	// pool's index: v is then the index's entry under ref. Its address
+	// finds the stamp in the pool's refTable.
+	ref string
 }
 
 // seenList holds every entry of one kind in a pool, each at its place, so
