@@ -615,10 +615,12 @@ func (r *round) resolveMark(pi *podInfo) {
 		// left the pool. A claim whose record is known (listed before,
 		// missing from this listing) is judged by that record below, as
 		// a listed one is: a mark newer than the record may be a
-		// hand-out in flight, not a holding.
-		if r.newerRecordWins(pi) {
-			return
-		}
+		// hand-out in flight, not a holding. A newer record of another
+		// claim that lists the pod (WithPodMarkMigration) wins only once
+		// a live read shows that the claim the mark names no longer holds
+		// it (queueOrphans): such a claim may hold it from another pool,
+		// and a claim's resourceVersion moves on with any change, not
+		// only its record's.
 		p.dirty[ci] = struct{}{}
 		r.allocate(ci, pi.name())
 		return
@@ -657,8 +659,26 @@ func (r *round) resolveMark(pi *podInfo) {
 // changed since it was marked (its status, say) makes the record look no
 // newer, and the mark's claim settles the pod as usual.
 func (r *round) newerRecordWins(pi *podInfo) bool {
-	if !r.a.cfg.markMigrate || pi.markRV == 0 {
+	winner := r.newerRecord(pi)
+	if winner == nil {
 		return false
+	}
+	r.removeStray(winner, pi.name())
+	if !r.allocate(winner, pi.name()) {
+		return false
+	}
+	r.p.tomark[pi.name()] = winner.uid()
+	if r.p.overrule == nil {
+		r.p.overrule = make(map[string]string)
+	}
+	r.p.overrule[pi.name()] = pi.mark
+	return true
+}
+
+// newerRecord is the claim newerRecordWins would give pi to, nil if none.
+func (r *round) newerRecord(pi *podInfo) *claimInfo {
+	if !r.a.cfg.markMigrate || pi.markRV == 0 {
+		return nil
 	}
 	if r.strayIdx == nil {
 		// Built once a round: which claims' records list a pod they do not
@@ -677,23 +697,11 @@ func (r *round) newerRecordWins(pi *podInfo) bool {
 			continue
 		}
 		if winner != nil {
-			return false // listed by two: neither record is believed
+			return nil // listed by two: neither record is believed
 		}
 		winner = ci
 	}
-	if winner == nil {
-		return false
-	}
-	r.removeStray(winner, pi.name())
-	if !r.allocate(winner, pi.name()) {
-		return false
-	}
-	r.p.tomark[pi.name()] = winner.uid()
-	if r.p.overrule == nil {
-		r.p.overrule = make(map[string]string)
-	}
-	r.p.overrule[pi.name()] = pi.mark
-	return true
+	return winner
 }
 
 // reserveFor reserves pi for ci for a quarantine: it is marked for ci and

@@ -1528,3 +1528,53 @@ func TestRegressionRecordOfNewPodUnderNameSurvivesLaggingListing(t *testing.T) {
 	require.Equal(t, "c/uid-c", got.Annotations[allocator.DefaultPodMarkKey])
 	require.NoError(t, allocator.CheckInvariants(a))
 }
+
+// A claim that moved to another pool keeps the pod its record lists and
+// its mark names against an older record of another claim (here written by
+// hand): a claim's resourceVersion moves on with any change to it, so
+// WithPodMarkMigration's "newer record wins" waits for a live read of the
+// claim the mark names, which shows it still lists the pod. Until the pod
+// is recycled for the claim that moved, no other claim is marked for it
+// (I11). Found by the many-allocator machine.
+func TestRegressionMovedClaimKeepsItsPodFromAnOlderRecord(t *testing.T) {
+	f := newFixture(t)
+	p1 := f.pool("p1", 1)
+	f.pool("p2", 0)
+	a1 := f.alloc()
+	f.claim("c4", "p1", 1)
+	res := f.round(a1, p1)
+	require.Len(t, grantsTo(res, "c4"), 1)
+	x := grantsTo(res, "c4")[0]
+
+	// c4 moves to p2 holding x; c1 comes to p1 with a record that lists x
+	// (a copy from an older era), written after x was marked.
+	c4 := f.get("c4")
+	c4.Spec.PoolRef = "p2"
+	require.NoError(t, f.c.Update(f.ctx, c4))
+	c1 := testenv.NewClaim(f.ns, "c1", "p1", 1)
+	v, err := syncer.EncodePods([]string{x})
+	require.NoError(t, err)
+	c1.Annotations = map[string]string{f.keys.Allocated: v}
+	require.NoError(t, f.c.Create(f.ctx, c1))
+
+	var recycledFor []string // "pod for claim", in call order
+	recycler := func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+		recycledFor = append(recycledFor, req.Pod+" for "+req.Claim.Claim.Name)
+		return true, nil
+	}
+	a2 := f.alloc(allocator.WithPodMarkMigration(true), allocator.WithClaimPool(claimPoolRef), allocator.WithRecycler(recycler))
+	for range 4 {
+		f.round(a2, p1)
+		mark := f.marks("p1")[x]
+		for _, name := range []string{"c1", "c4"} {
+			if slices.Contains(f.held(name), x) {
+				require.Equal(t, name+"/"+string(f.get(name).UID), mark, "the record of %s lists pod %s, whose mark is %q", name, x, mark)
+			}
+		}
+		if mark == "c1/"+string(f.get("c1").UID) {
+			require.Contains(t, recycledFor, x+" for c4", "pod %s handed to c1 before it was recycled for c4", x)
+		}
+	}
+	require.Equal(t, []string{x + " for c4"}, recycledFor)
+	require.NotContains(t, f.held("c4"), x, "the pod is given back for the claim that moved")
+}

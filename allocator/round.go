@@ -1568,13 +1568,41 @@ func (r *round) queueOrphans() {
 	}
 	lives := r.readClaims(probe)
 	for _, ci := range orphans {
-		if lc, read := lives[ci]; read && !r.left(ci, lc) {
+		lc, read := lives[ci]
+		if read && !r.left(ci, lc) {
 			continue
 		}
 		for _, pi := range r.p.held(ci) {
+			if read && r.outbid(ci, pi, lc) {
+				continue
+			}
 			r.startRecycling(ci, pi)
 		}
 	}
+}
+
+// outbid gives pi, held by ci from its mark alone, to the claim whose
+// newer record lists it (newerRecordWins, WithPodMarkMigration) when lc,
+// a live read of ci after it left the pool, shows that ci does not hold
+// it: ci is deleted, or its record does not list the pod. A claim that
+// moved to another pool with the pod in its record keeps it until it is
+// recycled, as a claim that left does.
+func (r *round) outbid(ci *claimInfo, pi *podInfo, lc liveClaim) bool {
+	if ci.recRV != 0 || r.newerRecord(pi) == nil {
+		return false
+	}
+	if !ci.isGone() {
+		rec, _, err := readRecord(r.a.cfg.syncer, lc.obj)
+		if err != nil || slices.Contains(rec.Held(), pi.name()) {
+			return false
+		}
+	}
+	r.drop(ci, pi)
+	if r.newerRecordWins(pi) {
+		return true
+	}
+	// (The store refused: ci holds it again, and it is recycled.)
+	return !r.allocate(ci, pi.name())
 }
 
 // left reports, from a live read of a claim that left the pool's
