@@ -829,6 +829,9 @@ type podInfo struct {
 	// more is what few pods need, nil when empty: see reservedBy and
 	// nextPod.
 	more *podMore
+	// ref is the name a listing gave the pod (see stamped.listedRef);
+	// only a listing in no order reads it (scanUnordered).
+	ref string
 }
 
 // podMore is what a podInfo needs only for some pods.
@@ -1133,6 +1136,8 @@ type claimInfo struct {
 
 	// more is what few claims need, nil when empty.
 	more *claimMore
+	// ref is the UID a listing gave the claim (see stamped.listedRef).
+	ref string
 }
 
 // claimMore is what a claimInfo needs only for some claims: those with

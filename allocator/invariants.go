@@ -119,8 +119,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		}
 		// A ref names the index's entry (scanUnordered takes the stamp
 		// for it on its address alone).
-		if s.ref != "" && (s.ref != name || p.pods.Get(s.ref) != pi) {
-			bad("podSeen[%d] %s has ref %q, whose entry it is not", i, name, s.ref)
+		if pi.ref != "" && (pi.ref != name || p.pods.Get(pi.ref) != pi) {
+			bad("podSeen[%d] %s has ref %q, whose entry it is not", i, name, pi.ref)
 		}
 		count[pi.state]++
 		_, isHeld := snap[name]
@@ -209,8 +209,8 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		bad("podSeen has %d podInfos, the pool %d entries and %d next pods", len(p.podSeen), p.pods.Len(), nexts)
 	}
 	for i, s := range p.claimSeen {
-		if s.ref != "" && (s.ref != string(s.v.uid()) || p.claims.Get(s.ref) != s.v) {
-			bad("claimSeen[%d] %s has ref %q, whose entry it is not", i, s.v.name(), s.ref)
+		if ref := s.v.ref; ref != "" && (ref != string(s.v.uid()) || p.claims.Get(ref) != s.v) {
+			bad("claimSeen[%d] %s has ref %q, whose entry it is not", i, s.v.name(), ref)
 		}
 	}
 	if len(p.claimSeen) != p.claims.Len() {

@@ -14,16 +14,16 @@ import (
 //
 // An informer cache's List copies its objects but not their strings: from
 // one listing to the next, an unchanged object's key string is the same
-// bytes at the same address, and only the objects' order changes. A stamp
-// keeps the key string its entry was last found under by content (its
-// ref), which keeps those bytes where they are; the table maps the
-// address of each ref to the stamp's place. A listed key whose address
+// bytes at the same address, and only the objects' order changes. An
+// entry keeps the key string it was last found under by content (its ref,
+// stamped.listedRef), which keeps those bytes where they are; the table
+// maps the address of each ref to the entry's place in its seenList. A listed key whose address
 // and length are a ref's is that ref's bytes, since a string's bytes do
 // not change: finding its entry costs a probe in a table that fits in the
 // processor's caches, not a read of the key and of the index.
 //
 // The table is a hint and may be stale: a place it gives is taken only if
-// the stamp there still has that ref (see sameString); anything else is
+// the entry there still has that ref (see sameString); anything else is
 // found by content as before.
 type refTable struct {
 	// slots[i] is 0 when empty, else the fingerprint of a ref's address
@@ -117,14 +117,14 @@ func (t *refTable) reset(n int) {
 // listing gave it), and records it in t, rebuilding t from l's refs when
 // it is full.
 func setRef[T stamped](t *refTable, l seenList[T], i int32, key string) {
-	l[i].ref = key
+	*l[i].v.listedRef() = key
 	if t.put(key, i) {
 		return
 	}
 	t.reset(len(l))
 	for j := range l {
-		if l[j].ref != "" {
-			t.put(l[j].ref, int32(j))
+		if ref := *l[j].v.listedRef(); ref != "" {
+			t.put(ref, int32(j))
 		}
 	}
 }
@@ -195,12 +195,12 @@ type unorderedScan[T stamped, H any] struct {
 //     entry: a place is noted for it in at (in the order of
 //     the seenList), or it is left in sc.slow for pass 3.
 //  2. The seenList is walked in its own order: the entries read one after
-//     another and only the heads (a dense array) out of order. A stamp
+//     another and only the heads (a dense array) out of order. An entry
 //     whose ref is the head's key is the head's entry, scanned as scan
 //     would; any other head is left for pass 3.
 //  3. The heads left (new pods and claims, new strings, the second of a
 //     duplicate) are found by content in the index, a chunk at a time in
-//     the listing's order, and the stamps of those found get their refs.
+//     the listing's order, and the entries found get their refs.
 //
 // Errors are those of scan, of the first refused head in the listing's
 // order: pass 2 notes its errors with their places; pass 3 stops at the
@@ -224,7 +224,7 @@ func scanUnordered[T stamped, H any](u *unorderedScan[T, H], sc *unorderedScratc
 			continue
 		}
 		i, st := int(v-1), &u.seen[s]
-		if !sameString(st.ref, u.key(i)) {
+		if !sameString(*st.v.listedRef(), u.key(i)) {
 			at[s] = 0
 			slow, inOrder = append(slow, int32(i)), false
 			continue

@@ -181,7 +181,7 @@ func (d *listingDraw) listing(t *rapid.T, base Input) Input {
 // same pods and claims to observe as a lookup of each in the listing's
 // order, or refuses the listing with the same error (docs/design.md §13).
 // Rounds on the listings between the checks move the pool on, so that the
-// stamps' refs and places (and the refTables) are those of a pool that has
+// entries' refs and places (and the refTables) are those of a pool that has
 // lived.
 func TestPropertyUnorderedScanAgreesWithLookups(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {

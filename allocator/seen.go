@@ -7,20 +7,23 @@ import "slices"
 type stamped interface {
 	comparable
 	seenIdx() *int32
+	// listedRef is the entry's ref: empty, or the key string (a pod's
+	// name, a claim's UID) a listing gave it when scan last found it by
+	// content in the pool's index, which it is then the index's entry
+	// under. Its address finds the entry's stamp in the pool's refTable
+	// (docs/design.md §13).
+	listedRef() *string
 }
 
-func (pi *podInfo) seenIdx() *int32   { return &pi.idx }
-func (ci *claimInfo) seenIdx() *int32 { return &ci.idx }
+func (pi *podInfo) seenIdx() *int32      { return &pi.idx }
+func (ci *claimInfo) seenIdx() *int32    { return &ci.idx }
+func (pi *podInfo) listedRef() *string   { return &pi.ref }
+func (ci *claimInfo) listedRef() *string { return &ci.ref }
 
 // stamp is an entry and the gen of the round that last listed it.
 type stamp[T stamped] struct {
 	v    T
 	seen uint64
-	// ref is empty, or the key string (a pod's name, a claim's UID) a
-	// listing gave the entry when scan last found it by content in the
-	// pool's index: v is then the index's entry under ref. Its address
-	// finds the stamp in the pool's refTable.
-	ref string
 }
 
 // seenList holds every entry of one kind in a pool, each at its place, so
@@ -53,6 +56,7 @@ func (l *seenList[T]) remove(v T) {
 	s[last] = stamp[T]{}
 	*l = s[:last]
 	*v.seenIdx() = -1
+	*v.listedRef() = ""
 	if cap(*l) > 64 && len(*l) < cap(*l)/4 {
 		*l = slices.Clone(*l)
 	}
