@@ -157,8 +157,8 @@ func (sc *unorderedScratch) place(at []int32, s int32, i int) {
 	}
 }
 
-// begin readies the scratch for a listing of n heads and a seenList of
-// m entries, returning at, cleared.
+// begin readies the scratch for a seenList of m entries, returning at
+// (its places, none noted) and emptying slow and take.
 func (sc *unorderedScratch) begin(m int) []int32 {
 	sc.at = grown(sc.at, m)
 	clear(sc.at)

@@ -24,12 +24,12 @@ import (
 // each one first at the place after the previous one's (a hint), which
 // costs no lookup and reads the pool's entries one after another. A
 // listing in another order (an informer cache's, whose List comes out in
-// map order, another one each time) pays a cache miss for each of a pod's
-// name, index slot, entry, key and stamp: once the hint has missed
-// maxHintMisses times more than it hit, scan finds the rest a chunk at a
-// time in stages (index.GetMany, then stampsOf), each stage one load per
-// object of the chunk, so that their misses overlap rather than come one
-// after another.
+// map order, another one each time) would pay a cache miss for each of a
+// pod's name, index slot, entry, key and stamp: once the hint has missed
+// maxHintMisses times more than it hit, scan takes the rest with
+// scanUnordered, which finds unchanged objects by the addresses of their
+// keys and reads the pool's entries in their own order (docs/design.md
+// §13).
 func (r *round) scan(pods []corev1.Pod, claims []Claim) ([]*corev1.Pod, []int, error) {
 	changedPods, err := r.scanPods(pods)
 	if err != nil {
