@@ -436,7 +436,11 @@ func WithClaimPool(poolOf func(claim client.Object) types.NamespacedName) Option
 // over a pod's mark when the record is newer than the mark and the claim
 // the mark names does not hold the pod: poolalloc never writes such a
 // record, an OpenSandbox controller run in between does (see
-// WithOpenSandbox). Turn it off again once every pool has recovered.
+// WithOpenSandbox). "Newer" is judged by the claims' resourceVersions,
+// which any change to a claim moves on; a claim the mark names that is
+// missing from the pool's listing is read live first, and the record
+// wins only if that claim is deleted or its record does not list the pod.
+// Turn it off again once every pool has recovered.
 func WithPodMarkMigration(migrate bool) Option {
 	return optionFunc(func(c *config) { c.markMigrate = migrate })
 }

@@ -137,14 +137,9 @@ type unorderedScratch struct {
 	claimHeads []claimHead
 }
 
-// grown returns s resized to n, reusing its array when it has room, else
-// in a new one with room to grow (pools grow a few entries at a time).
-func grown[E any](s []E, n int) []E {
-	if cap(s) < n {
-		return make([]E, n, n+n/8)
-	}
-	return s[:n]
-}
+// grown returns s resized to n, reusing its array when it has room (its
+// elements are not cleared).
+func grown[E any](s []E, n int) []E { return slices.Grow(s[:0], n)[:n] }
 
 // place notes that head i of the rest of a listing may be the entry at
 // place s of the seenList (pass 1 of scanUnordered): at[s] is i+1 unless
