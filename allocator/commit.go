@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/poolalloc/poolalloc/algorithm"
@@ -34,8 +35,9 @@ type write struct {
 	settled []string
 
 	// marks are the live marks of pods the base record lists that are
-	// known only at a version older than it (staleMarks), by name.
-	marks map[string]string
+	// known only at a version older than it, or not at all (staleMarks),
+	// by name.
+	marks map[string]liveMark
 
 	// What readFor and based read and decide made of it, for the write.
 	base      client.Object  // the version the write replaces
@@ -177,18 +179,18 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		}
 	}
 	r.exec(&claims)
-	stale := make([][]*podInfo, len(writes))
+	stale := make([][]string, len(writes))
 	for i, w := range writes {
 		stale[i] = r.based(w, reads[i])
-		for _, pi := range stale[i] {
-			pods.podReads = append(pods.podReads, &podGet{name: pi.name()})
+		for _, name := range stale[i] {
+			pods.podReads = append(pods.podReads, &podGet{name: name})
 		}
 	}
 	r.exec(&pods)
 	k := 0
 	for i, w := range writes {
-		for _, pi := range stale[i] {
-			r.staleMark(w, pi, pods.podReads[k])
+		for _, name := range stale[i] {
+			r.staleMark(w, name, pods.podReads[k])
 			k++
 		}
 	}
@@ -291,10 +293,10 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					mine = true
 				}
 				if live, ok := w.marks[name]; ok {
-					h, _ := parseMark(r.p.name, live)
+					h, _ := parseMark(r.p.name, live.mark)
 					mine = h.UID == ci.uid()
 				}
-				if _, ok := gone[name]; !ok && pi != nil && mine && pi.settling() == nil {
+				if _, ok := gone[name]; !ok && mine && (pi == nil || pi.settling() == nil) {
 					allocated = append(allocated, name)
 				}
 			}
@@ -457,7 +459,7 @@ func (r *round) readFor(w *write) *claimGet {
 
 // based takes in rd, the read readFor decided on (nil if none), and
 // returns the pods whose live marks the write must be decided on.
-func (r *round) based(w *write, rd *claimGet) []*podInfo {
+func (r *round) based(w *write, rd *claimGet) []string {
 	if w.gone || w.err != nil {
 		return nil
 	}
@@ -598,36 +600,66 @@ func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
 	return pi
 }
 
-// staleMarks returns the pods that base's record lists as held, whose
-// marks as known do not name ci and are older than base: a write must not
-// drop a pod the record lists on a belief older than the record (the pod
-// may have been marked for ci since). They are read live (staleMark).
-func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) []*podInfo {
+// staleMarks returns the names of the pods base's record lists as held
+// whose marks w must read live before it decides on them (staleMark),
+// since what the pool knows of them is older than the record or nothing:
+//   - listed, with a mark as known that does not name ci and is older
+//     than base: a write must not drop a pod the record lists on a belief
+//     older than the record (the pod may have been marked for ci since);
+//   - not listed, and neither held nor reserved here (no entry, or one
+//     in stateGone), for a claim the pool lists: the pod may have been
+//     deleted since the record was written (its recycling recorded by a
+//     write that lost to another allocator's), so keeping it on its
+//     last-known mark would keep a pod that is no more; or a lagging
+//     listing may hide a pod another allocator handed to ci, so dropping
+//     it unread would take a pod the owner may have seen (I7).
+func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) []string {
 	if !r.marks() || baseRec == nil {
 		return nil
 	}
 	baseRV := rvNum(base.GetResourceVersion())
-	var out []*podInfo
+	var out []string
 	for _, name := range baseRec.Held() {
 		pi := r.p.recordPod(ci, name)
-		if pi == nil || !pi.present || pi.markUID(r.p.name) == ci.uid() || rvNum(pi.rv) >= baseRV {
-			continue
+		switch {
+		case pi == nil || !pi.present:
+			if ci.listed && (pi == nil || pi.state == stateGone) {
+				out = append(out, name)
+			}
+		case pi.markUID(r.p.name) != ci.uid() && rvNum(pi.rv) < baseRV:
+			out = append(out, name)
 		}
-		out = append(out, pi)
 	}
 	return out
 }
 
-// staleMark takes in rd, a live read of pi (see staleMarks): w decides on
-// the pod's live mark.
-func (r *round) staleMark(w *write, pi *podInfo, rd *podGet) {
-	if rd.err != nil || rd.pod.UID != pi.uid() {
+// liveMark is a pod's mark as read live, and the UID of the pod read
+// (empty if there was none).
+type liveMark struct {
+	mark string
+	uid  types.UID
+}
+
+// staleMark takes in rd, a live read of the pod named name (see
+// staleMarks): w decides on the mark of the pod under the name now, which
+// may be a newer pod than the one listed (the record names pods by name);
+// no pod means no mark. A read that fails decides nothing, so w is not
+// written this round: the pod is neither kept nor dropped on a guess.
+func (r *round) staleMark(w *write, name string, rd *podGet) {
+	var live liveMark
+	switch {
+	case rd.err == nil:
+		live = liveMark{mark: rd.pod.Annotations[r.a.cfg.markKey], uid: rd.pod.UID}
+	case !apierrors.IsNotFound(rd.err):
+		if !w.skip {
+			w.err, w.skip = fmt.Errorf("read pod %s, which its record lists: %w", name, rd.err), true
+		}
 		return
 	}
 	if w.marks == nil {
-		w.marks = make(map[string]string)
+		w.marks = make(map[string]liveMark)
 	}
-	w.marks[pi.name()] = rd.pod.Annotations[r.a.cfg.markKey]
+	w.marks[name] = live
 }
 
 // definite reports whether err proves the write did not land.
@@ -759,8 +791,11 @@ func (r *round) apply(w *write) {
 					}
 					// Kept by a live read of its mark (staleMarks): held.
 					if pi := p.pods.Get(name); pi != nil && pi.present && p.holderOf(pi) == nil && pi.reservedBy() == nil && pi.settling() == nil {
-						if h, ok := parseMark(p.name, w.marks[name]); ok && h.UID == ci.uid() {
-							pi.mark, pi.markOwn, pi.markRV = p.markString(w.marks[name]), false, max(pi.markRV, fence)
+						// Only a read of the pod listed tells its mark (the
+						// pod under the name may be a newer one).
+						live := w.marks[name]
+						if h, ok := parseMark(p.name, live.mark); ok && h.UID == ci.uid() && live.uid == pi.uid() {
+							pi.mark, pi.markOwn, pi.markRV = p.markString(live.mark), false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {
 								continue
 							}

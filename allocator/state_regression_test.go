@@ -778,3 +778,80 @@ func TestRegressionHandedPodOfAGoneClaimIsRecycledNotRemarked(t *testing.T) {
 	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: held}, &pod))
 	require.Empty(t, pod.Annotations[allocator.DefaultPodMarkKey])
 }
+
+// A claim's record names a pod that no longer exists, and the allocator
+// that writes the record knows the name only by an older pod, settled and
+// gone, whose mark named the claim: the write reads the name live and drops
+// it. Kept on that old mark, the record listed the gone pod beside the
+// replacement the claim was then handed, and the claim held more than it
+// wanted for good. The history: another allocator took the pod back from
+// the claim, recycled, deleted and recreated it under its name and handed
+// the new pod to the claim; then it recycled and deleted that one too, and
+// its write of the release lost to a write that still listed the name.
+// Found by the many-allocator machine (testdata/rapid/README.md).
+func TestRegressionWriteDropsGonePodKnownByAnOldMark(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool, _ := poolIn(t, c, ns, 1)
+		cl := newClaimIn(t, c, ns, "c", 1)
+		var finish atomic.Bool
+		a, err := allocator.New(c, allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
+			return finish.Load(), nil
+		}))
+		require.NoError(t, err)
+		res, err := world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Len(t, res.Allocated, 1)
+		require.Equal(t, []string{"p-0"}, res.Allocated[0].Pods)
+		keys := syncer.DefaultKeys()
+		record := func(held, released []string) {
+			t.Helper()
+			h, err := syncer.EncodePods(held)
+			require.NoError(t, err)
+			r, err := syncer.EncodePods(released)
+			require.NoError(t, err)
+			var got testenv.Claim
+			require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), &got))
+			got.Annotations[keys.Allocated], got.Annotations[keys.Released] = h, r
+			require.NoError(t, c.Update(ctx, &got))
+		}
+		mark := func(name string) {
+			t.Helper()
+			pod := &corev1.Pod{}
+			require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, pod))
+			pod.Annotations = map[string]string{allocator.DefaultPodMarkKey: "c/" + string(cl.UID)}
+			require.NoError(t, c.Update(ctx, pod))
+		}
+
+		// Another allocator records p-0 released: a recycles it for c.
+		record(nil, []string{"p-0"})
+		res, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Empty(t, res.Allocated, "p-0 is recycled for c, not free")
+		require.Equal(t, 1, res.Shortfall)
+		// The other allocator deletes it, recreates it and hands the new
+		// pod to c; a's recycling of the old one ends with the old pod.
+		recreatePod(t, c, ns, "p-0")
+		mark("p-0")
+		record([]string{"p-0"}, nil)
+		finish.Store(true)
+		_, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Equal(t, []string{"p-0"}, recordIn(t, c, ns, "c").Held(), "c keeps the new p-0")
+
+		// The other allocator takes the new p-0 back and deletes it; its
+		// record write loses, and the record still lists p-0.
+		old := &corev1.Pod{}
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p-0"}, old))
+		require.NoError(t, c.Delete(ctx, old, client.GracePeriodSeconds(0)))
+		spare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p-spare", Labels: map[string]string{testenv.PoolLabel: "p"}}, Spec: old.Spec}
+		require.NoError(t, c.Create(ctx, spare))
+		require.NoError(t, testenv.SetPodReady(ctx, c, spare, true))
+		for range 3 {
+			_, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.NoError(t, allocator.CheckInvariants(a))
+		}
+		require.Equal(t, []string{"p-spare"}, recordIn(t, c, ns, "c").Held(), "the record drops the gone p-0 and lists its replacement")
+	})
+}
