@@ -22,8 +22,14 @@ import (
 // marks returns each pod of the pool's mark annotation, by pod name.
 func (f *fixture) marks(pool string) map[string]string {
 	f.t.Helper()
-	pods, err := testenv.ListPods(f.ctx, f.c, f.ns, pool)
-	require.NoError(f.t, err)
+	return podMarks(f.t, f.c, f.ns, pool)
+}
+
+// podMarks returns each pod of pool's mark annotation in ns, by pod name.
+func podMarks(t *testing.T, c client.Client, ns, pool string) map[string]string {
+	t.Helper()
+	pods, err := testenv.ListPods(context.Background(), c, ns, pool)
+	require.NoError(t, err)
 	out := map[string]string{}
 	for _, p := range pods {
 		if v := p.Annotations[allocator.DefaultPodMarkKey]; v != "" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -795,7 +796,8 @@ func TestRegressionWriteDropsGonePodKnownByAnOldMark(t *testing.T) {
 		pool, _ := poolIn(t, c, ns, 1)
 		cl := newClaimIn(t, c, ns, "c", 1)
 		var finish atomic.Bool
-		a, err := allocator.New(c, allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
+		reader := &failingPodReader{Reader: c}
+		a, err := allocator.New(c, allocator.WithAPIReader(reader), allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
 			return finish.Load(), nil
 		}))
 		require.NoError(t, err)
@@ -847,6 +849,20 @@ func TestRegressionWriteDropsGonePodKnownByAnOldMark(t *testing.T) {
 		spare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p-spare", Labels: map[string]string{testenv.PoolLabel: "p"}}, Spec: old.Spec}
 		require.NoError(t, c.Create(ctx, spare))
 		require.NoError(t, testenv.SetPodReady(ctx, c, spare, true))
+
+		// While p-0 cannot be read, c's record is neither kept on the old
+		// mark nor cut on a guess: c is not written, and nothing is handed
+		// to it.
+		reader.fail.Store(true)
+		res, err = world.Round(ctx, a, c, pool)
+		require.ErrorContains(t, err, "read pod p-0")
+		require.ErrorIs(t, err, allocator.ErrWrite)
+		require.Empty(t, res.Allocated)
+		require.Equal(t, []string{"p-0"}, recordIn(t, c, ns, "c").Held())
+		require.NotContains(t, podMarks(t, c, ns, "p"), "p-spare", "no mark for a write that was not made")
+		require.NoError(t, allocator.CheckInvariants(a))
+		reader.fail.Store(false)
+
 		for range 3 {
 			_, err = world.Round(ctx, a, c, pool)
 			require.NoError(t, err)
@@ -854,4 +870,18 @@ func TestRegressionWriteDropsGonePodKnownByAnOldMark(t *testing.T) {
 		}
 		require.Equal(t, []string{"p-spare"}, recordIn(t, c, ns, "c").Held(), "the record drops the gone p-0 and lists its replacement")
 	})
+}
+
+// failingPodReader is a client.Reader whose Get of a pod fails while fail
+// is set.
+type failingPodReader struct {
+	client.Reader
+	fail atomic.Bool
+}
+
+func (r *failingPodReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, pod := obj.(*corev1.Pod); pod && r.fail.Load() {
+		return apierrors.NewServiceUnavailable("injected: pods cannot be read")
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
 }
