@@ -136,7 +136,7 @@ func (r *round) commit(allocs []algorithm.Grant, done, settled map[*claimInfo][]
 		room := max(0, int(ci.want)-(p.nHeld(ci)-int(ci.recycling())))
 		ok := ci.listed && !ci.terminating && len(pods) <= room
 		for _, pi := range pods {
-			ok = ok && pi.present && pi.ready
+			ok = ok && pi.present && pi.ready && !r.unread[pi]
 			if r.marks() && ci.known() {
 				// A write adds a pod only under a mark newer than the
 				// version it replaces: no one can have settled the pod

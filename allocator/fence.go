@@ -448,6 +448,10 @@ func (r *round) verified(verify map[*podInfo][]*claimInfo, pis []*podInfo, reads
 			r.podGone(pi.name(), pi)
 		case rd.err != nil:
 			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, pi.name(), ErrRead, rd.err))
+			if r.unread == nil {
+				r.unread = make(map[*podInfo]bool)
+			}
+			r.unread[pi] = true
 			continue
 		default:
 			r.observePod(&rd.pod)
@@ -817,6 +821,17 @@ func (r *round) resolvePods() {
 	// (verify), the pods records list and the listing lacks (find), the
 	// claims whose records list unmarked pods (confirm); then their
 	// outcomes are taken in, in that order.
+	// A pod reserved by a write of unknown outcome is handed out when
+	// that write is issued again (commit), on the view of it the pool
+	// has, which an event source or listing may have left behind (the pod
+	// may be terminating now). Its live read fences that: a pod changed
+	// since the allocator marked it is no longer taken to carry the
+	// allocator's own mark, and is not handed out again on the old write.
+	for pi := range r.p.reserved {
+		if pi.present && pi.markOwn {
+			r.verifyLater(pi, pi.reservedBy())
+		}
+	}
 	verify, vpods, vreads := r.verifyCalls()
 	find, fnames, freads := r.findCalls()
 	confirm := r.confirmCalls()

@@ -64,6 +64,9 @@ type round struct {
 	// verify holds pods to read live before the records naming them are
 	// decided on, with those claims.
 	verify map[*podInfo][]*claimInfo
+	// unread holds the reserved pods whose live read failed this round:
+	// their claims' writes are not issued again on an older view.
+	unread map[*podInfo]bool
 	// confirm holds claims to read live before their records' entries for
 	// unmarked pods are acted on.
 	confirm map[*claimInfo][]string

@@ -885,3 +885,100 @@ func (r *failingPodReader) Get(ctx context.Context, key client.ObjectKey, obj cl
 	}
 	return r.Reader.Get(ctx, key, obj, opts...)
 }
+
+// A hand-out whose record write timed out without landing leaves the pod
+// reserved and marked for the claim; the claim's next write carries it
+// again. That write may run on a view of the pod older than the pod: an
+// Update whose events have not arrived yet, or a lagging listing. The pod
+// is read live before it is handed out again, and a pod that changed since
+// it was marked (here: terminating) is not (I2). Found by the
+// single-allocator machine on the event-driven path (kept in
+// testdata/rapid/README.md); before, the write carried the terminating pod.
+func TestRegressionReissueOnAnOldViewReadsThePod(t *testing.T) {
+	for _, tc := range []string{"terminating", "unchanged", "unreadable"} {
+		t.Run(tc, func(t *testing.T) {
+			onBoth(t, func(t *testing.T, raw client.Client, ns string) {
+				ctx := context.Background()
+				c := &claimWriteTimesOut{Client: raw}
+				reader := &failingPodReader{Reader: raw}
+				pool, _ := poolIn(t, raw, ns, 1)
+				newClaimIn(t, raw, ns, "c", 1)
+				a, err := allocator.New(c, allocator.WithAPIReader(reader))
+				require.NoError(t, err)
+				c.arm.Store(true)
+				_, err = world.Round(ctx, a, raw, pool)
+				require.ErrorIs(t, err, allocator.ErrWrite)
+				require.Empty(t, recordIn(t, raw, ns, "c").Held(), "the write did not land")
+				require.Contains(t, podMarks(t, raw, ns, "p"), "p-0", "p-0 was marked before the record write")
+				uid := c.uid(t, ns)
+				notHanded := func(res allocator.Result) {
+					t.Helper()
+					require.Empty(t, recordIn(t, raw, ns, "c").Held(), "p-0 was handed out again")
+					held, err := a.Store().Held(pool, uid)
+					require.NoError(t, err)
+					require.Empty(t, held)
+					require.Empty(t, res.Allocated)
+				}
+
+				switch tc {
+				case "terminating":
+					pod := &corev1.Pod{}
+					require.NoError(t, raw.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p-0"}, pod))
+					pod.Finalizers = append(pod.Finalizers, "test.poolalloc.io/hold")
+					require.NoError(t, raw.Update(ctx, pod))
+					require.NoError(t, raw.Delete(ctx, pod))
+					t.Cleanup(func() {
+						pod := &corev1.Pod{}
+						if raw.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p-0"}, pod) == nil {
+							pod.Finalizers = nil
+							_ = raw.Update(ctx, pod)
+						}
+					})
+				case "unreadable":
+					// Not handed out on the old view while the pod cannot
+					// be read; handed out once it can.
+					reader.fail.Store(true)
+					res, err := a.Update(ctx, allocator.Changes{Pool: pool})
+					require.ErrorIs(t, err, allocator.ErrRead)
+					require.ErrorContains(t, err, "pod p-0")
+					require.NoError(t, allocator.CheckInvariants(a))
+					notHanded(res)
+					reader.fail.Store(false)
+				}
+				// No event has told the allocator of any change.
+				res, err := a.Update(ctx, allocator.Changes{Pool: pool})
+				require.NoError(t, err)
+				require.NoError(t, allocator.CheckInvariants(a))
+				if tc == "terminating" {
+					notHanded(res)
+					return
+				}
+				require.Equal(t, []string{"p-0"}, recordIn(t, raw, ns, "c").Held(), "the unchanged pod is handed out again")
+				held, err := a.Store().Held(pool, uid)
+				require.NoError(t, err)
+				require.Equal(t, []string{"p-0"}, held)
+			})
+		})
+	}
+}
+
+// claimWriteTimesOut is a client whose next claim patch, once armed, is
+// not sent and reports a timeout: its outcome is unknown to the allocator.
+type claimWriteTimesOut struct {
+	client.Client
+	arm atomic.Bool
+}
+
+func (c *claimWriteTimesOut) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if _, claim := obj.(*testenv.Claim); claim && c.arm.CompareAndSwap(true, false) {
+		return apierrors.NewTimeoutError("injected: the write was not sent", 1)
+	}
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *claimWriteTimesOut) uid(t *testing.T, ns string) types.UID {
+	t.Helper()
+	var cl testenv.Claim
+	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "c"}, &cl))
+	return cl.UID
+}
