@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -52,6 +53,7 @@ func TestFork(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.sum"), gosum, 0o644))
 
+	artifacts, runs := t.ArtifactDir(), 0
 	run := func(args ...string) string {
 		t.Helper()
 		start := time.Now()
@@ -62,7 +64,14 @@ func TestFork(t *testing.T) {
 		cmd.Stdout, cmd.Stderr = &out, &out
 		err := cmd.Run()
 		t.Logf("go %s: %s", strings.Join(args, " "), time.Since(start).Round(100*time.Millisecond))
-		require.NoError(t, err, "go %s in %s:\n%s", strings.Join(args, " "), dir, tail(out.String(), 8000))
+		// Every command's whole output is kept: in the test's artifact
+		// directory (go test -artifacts keeps it), and in the failure
+		// message, so that a failure of the fork's own tests shows all
+		// of them.
+		runs++
+		logFile := filepath.Join(artifacts, fmt.Sprintf("%02d-go-%s.log", runs, args[0]))
+		require.NoError(t, os.WriteFile(logFile, out.Bytes(), 0o644))
+		require.NoError(t, err, "go %s in %s (output also in %s):\n%s", strings.Join(args, " "), dir, logFile, out.String())
 		return out.String()
 	}
 	run("mod", "init", forkModule)
@@ -114,12 +123,4 @@ func copyFork(t *testing.T, src, dst string) {
 		return os.WriteFile(target, data, 0o644)
 	})
 	require.NoError(t, err, "copy %s to %s", src, dst)
-}
-
-// tail returns at most the last n bytes of s.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "..." + s[len(s)-n:]
 }
