@@ -101,7 +101,7 @@ func (m *machine) deliver(t *rapid.T, pool types.NamespacedName, all bool) {
 	uids := make(map[types.UID]bool, len(cur.Claims))
 	for _, c := range cur.Claims {
 		uids[c.Object.GetUID()] = true
-		evs = append(evs, func() { m.f.OnClaim(nil, c.Object) })
+		evs = append(evs, func() { m.f.OnClaim(nil, c.Object); m.given(c.Object) })
 	}
 	if last := m.delivered[pool]; last != nil {
 		for i := range last.Pods {
@@ -122,7 +122,7 @@ func (m *machine) deliver(t *rapid.T, pool types.NamespacedName, all bool) {
 		}
 		for _, c := range older.Claims {
 			if _, typed := c.Object.(*testenv.Claim); typed {
-				evs = append(evs, func() { m.f.OnClaim(nil, c.Object) })
+				evs = append(evs, func() { m.f.OnClaim(nil, c.Object); m.given(c.Object) })
 			}
 		}
 	}
@@ -136,6 +136,20 @@ func (m *machine) deliver(t *rapid.T, pool types.NamespacedName, all bool) {
 	}
 	m.delivered[pool] = &cur
 	t.Logf("delivered %d of %d events of %s (relist %t)", n, len(evs), pool, all)
+}
+
+// given notes that the allocator was given claim o (an event delivered to
+// its Follower), as a listing does for the I7 check of afterRound: the
+// newest version given, and what it wants.
+func (m *machine) given(o client.Object) {
+	cl, typed := o.(*testenv.Claim)
+	if !typed {
+		return // the Follower takes typed claims only
+	}
+	uid, rv := o.GetUID(), rvOf(o)
+	if best, seen := m.bestRV[uid]; !seen || rv >= best {
+		m.bestRV[uid], m.bestWant[uid] = rv, int(cl.Spec.Replicas)
+	}
 }
 
 // deliverPods delivers the current version of every pod of pool, and the
