@@ -189,22 +189,30 @@ func benchSizes(b *testing.B, f func(b *testing.B, pods int)) {
 // whole pool as input (Round).
 func BenchmarkRoundFullListing(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) {
-		var bp *benchPool
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			if bp == nil || bp.free < bp.per {
-				bp = newBenchPool(b, pods, 1)
-			}
-			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
-			bp.free -= bp.per
-			b.StartTimer()
-			res, err := bp.a.Round(context.Background(), bp.in)
-			if err != nil || len(res.Allocated) != 1 {
-				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
-			}
-		}
+		listingRounds(b, pods, func(in allocator.Input) allocator.Input { return in })
 	})
+}
+
+// listingRounds runs b.N rounds on a pool of pods, each with one new
+// claim, given the whole pool as input: the listing listing makes of the
+// pool's input, out of the timer.
+func listingRounds(b *testing.B, pods int, listing func(allocator.Input) allocator.Input) {
+	var bp *benchPool
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if bp == nil || bp.free < bp.per {
+			bp = newBenchPool(b, pods, 1)
+		}
+		bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
+		bp.free -= bp.per
+		in := listing(bp.in)
+		b.StartTimer()
+		res, err := bp.a.Round(context.Background(), in)
+		if err != nil || len(res.Allocated) != 1 {
+			b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
+		}
+	}
 }
 
 // BenchmarkReadListing is the floor under BenchmarkRoundFullListing: the
@@ -259,29 +267,65 @@ func BenchmarkReadListing(b *testing.B) {
 }
 
 // BenchmarkRoundShuffledListing is BenchmarkRoundFullListing with the
-// pods and claims listed in a new order every round, as an informer
-// cache's List gives them.
+// pods and claims listed in a new order every round, the claims' objects
+// where they were made (as a caller that passes a cache's own objects
+// gives them; BenchmarkRoundCacheListing copies them as a cache's List
+// does).
 func BenchmarkRoundShuffledListing(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) {
-		var bp *benchPool
 		rnd := rand.New(rand.NewPCG(1, 2))
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			if bp == nil || bp.free < bp.per {
-				bp = newBenchPool(b, pods, 1)
-			}
-			bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
-			bp.free -= bp.per
-			rnd.Shuffle(len(bp.in.Pods), func(i, j int) { bp.in.Pods[i], bp.in.Pods[j] = bp.in.Pods[j], bp.in.Pods[i] })
-			rnd.Shuffle(len(bp.in.Claims), func(i, j int) { bp.in.Claims[i], bp.in.Claims[j] = bp.in.Claims[j], bp.in.Claims[i] })
-			b.StartTimer()
-			res, err := bp.a.Round(context.Background(), bp.in)
-			if err != nil || len(res.Allocated) != 1 {
-				b.Fatalf("round: %v, %d grants", err, len(res.Allocated))
-			}
+		listingRounds(b, pods, func(in allocator.Input) allocator.Input {
+			rnd.Shuffle(len(in.Pods), func(i, j int) { in.Pods[i], in.Pods[j] = in.Pods[j], in.Pods[i] })
+			rnd.Shuffle(len(in.Claims), func(i, j int) { in.Claims[i], in.Claims[j] = in.Claims[j], in.Claims[i] })
+			return in
+		})
+	})
+}
+
+// BenchmarkRoundCacheListing compares Round on the same listing in two
+// orders, each made as controller-runtime's cache List makes it for an
+// operator (examples/operator lists its pools so): every pod and claim a
+// deep copy in a fresh list (the strings are the cached objects'), in
+// name order (order=fixed) or in a new order every round (order=cache,
+// the cache's map order). The garbage of the copies is collected before
+// the round is timed, in both. BenchmarkRoundShuffledListing is the harder
+// case of claims whose objects stay where they were made, in no order (a
+// caller that passes the cache's own objects).
+func BenchmarkRoundCacheListing(b *testing.B) {
+	benchSizes(b, func(b *testing.B, pods int) {
+		for _, order := range []string{"fixed", "cache"} {
+			b.Run("order="+order, func(b *testing.B) {
+				rnd := rand.New(rand.NewPCG(1, 2))
+				perm := func(n int) []int {
+					if order == "fixed" {
+						return indexes(n)
+					}
+					return rnd.Perm(n)
+				}
+				listingRounds(b, pods, func(in allocator.Input) allocator.Input {
+					in = cacheList(in, perm)
+					runtime.GC()
+					return in
+				})
+			})
 		}
 	})
+}
+
+// cacheList copies the listing from as a cache's List does, every object
+// deep-copied into a fresh list, in the order perm gives.
+func cacheList(from allocator.Input, perm func(int) []int) allocator.Input {
+	in := allocator.Input{Pool: from.Pool, Pods: make([]corev1.Pod, len(from.Pods)), Claims: make([]allocator.Claim, len(from.Claims))}
+	for k, j := range perm(len(from.Pods)) {
+		from.Pods[j].DeepCopyInto(&in.Pods[k])
+	}
+	items := make([]testenv.Claim, len(from.Claims))
+	for k, j := range perm(len(from.Claims)) {
+		from.Claims[j].Object.(*testenv.Claim).DeepCopyInto(&items[k])
+		in.Claims[k] = from.Claims[j]
+		in.Claims[k].Object = &items[k]
+	}
+	return in
 }
 
 // roundBench measures one round with one new claim of per pods, given as a
