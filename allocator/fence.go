@@ -811,27 +811,30 @@ func (r *round) confirmed(jobs []*confirmJob) {
 }
 
 // resolvePods runs after the input is taken in (pod marks): pods whose
-// records were newer than the pods as known are read live, then pods whose
-// marks changed are looked at.
+// records were newer than the pods as known, and pods reserved under the
+// allocator's own marks, are read live, then pods whose marks changed are
+// looked at.
 func (r *round) resolvePods() {
 	if !r.marks() {
 		return
 	}
-	// One wave of reads: the pods known older than records that list them
-	// (verify), the pods records list and the listing lacks (find), the
-	// claims whose records list unmarked pods (confirm); then their
-	// outcomes are taken in, in that order.
 	// A pod reserved by a write of unknown outcome is handed out when
 	// that write is issued again (commit), on the view of it the pool
 	// has, which an event source or listing may have left behind (the pod
 	// may be terminating now). Its live read fences that: a pod changed
 	// since the allocator marked it is no longer taken to carry the
-	// allocator's own mark, and is not handed out again on the old write.
+	// allocator's own mark, and is not handed out again on the old write
+	// (docs/design.md, "A reserved pod is read before it is handed out
+	// again").
 	for pi := range r.p.reserved {
 		if pi.present && pi.markOwn {
 			r.verifyLater(pi, pi.reservedBy())
 		}
 	}
+	// One wave of reads: the pods known older than records that list them
+	// or reserved (verify), the pods records list and the listing lacks
+	// (find), the claims whose records list unmarked pods (confirm); then
+	// their outcomes are taken in, in that order.
 	verify, vpods, vreads := r.verifyCalls()
 	find, fnames, freads := r.findCalls()
 	confirm := r.confirmCalls()
