@@ -152,7 +152,10 @@ type Result struct {
 	// claim's owner (an event, say).
 	Warnings []error
 	// Shortfall is how many more pods the pool must create to meet the
-	// demand of its live claims.
+	// demand of its live claims. Pods on their way to a claim (reserved by
+	// a hand-out whose write had an unknown outcome or may still be in
+	// flight) are not in it: they exist, and go to the claim or back to
+	// the pool.
 	Shortfall int
 	// ShortfallByClass is Shortfall by the claims' Placement.Class: for
 	// each class with unmet demand, how many pods of that class to create

@@ -837,7 +837,6 @@ func (r *round) apply(w *write) {
 		for _, name := range w.adopt {
 			p.endActive(p.pods.Get(name))
 		}
-		r.addShortfall(ci, -len(w.adopt)) // counted as unmet by plan; held now
 		if newly := append(slices.Clone(w.add), w.adopt...); len(newly) > 0 {
 			if err := st.Allocate(p.name, ci.holder(), newly); err != nil {
 				r.storeFail(ci, err)

@@ -1149,11 +1149,12 @@ func (r *round) plan() (algorithm.Action, error) {
 		// what it wants beyond what it holds, and the next write of its
 		// record carries them (see commit). They never make it give up a
 		// pod it holds: the hand-out may never land.
-		// They are not held yet, so they still count in the shortfall.
+		// Nor are they in the shortfall: they exist, and go to the claim
+		// or back to the pool; a pod created for them would stay idle
+		// (Result.Shortfall is what the pool must create).
 		pending := r.reservedFor(ci) + r.pendingStrays(ci)
 		reserved := min(max(0, want-keep), pending)
 		want -= reserved
-		r.addShortfall(ci, reserved)
 		pl := r.placementOf(ci)
 		// A gang is handed all it lacks at once: not while pods may be on
 		// their way to it (reserved, or marked for it), which would leave
@@ -1225,8 +1226,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			// to it count against those replacements as well, or the
 			// claim would end up with both (found by the machine: a
 			// reserved pod adopted by the write that also handed out a
-			// replacement for a released one).
-			r.addShortfall(ci, extra)
+			// replacement for a released one). They are not in the
+			// shortfall either.
 			want -= extra
 		}
 		if keep == want && len(release) == 0 && lost == 0 {
