@@ -112,6 +112,11 @@ type Options struct {
 	// endpoint serves. A process that sets up more than one operator (a
 	// test) gives each its own.
 	Metrics prometheus.Registerer
+	// Quarantine is the allocator's (allocator.WithQuarantine): among
+	// others, how long a claim waits after a restart for a pod a stopped
+	// process marked for it but did not record (its hand-out may still be
+	// in flight). Default allocator.DefaultQuarantine.
+	Quarantine time.Duration
 	// Shards, when set, spreads the pools over the operator's replicas:
 	// this one serves only the pools it owns (sharding.Membership.Owns),
 	// forgets the others, and requeues every pool when the members change.
@@ -273,8 +278,13 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if reg == nil {
 		reg = ctrlmetrics.Registry
 	}
+	quarantine := opts.Quarantine
+	if quarantine <= 0 {
+		quarantine = allocator.DefaultQuarantine
+	}
 	alloc, err := allocator.New(mgr.GetClient(),
 		allocator.WithAPIReader(mgr.GetAPIReader()), // live reads to settle conflicts
+		allocator.WithQuarantine(quarantine),
 		allocator.WithRecycler(allocator.RecycleDelete(mgr.GetClient())),
 		// RecycleDelete deletes under the pod's resourceVersion: no
 		// fence write before it.
