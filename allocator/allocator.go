@@ -155,7 +155,9 @@ type Result struct {
 	// demand of its live claims. Pods on their way to a claim (reserved by
 	// a hand-out whose write had an unknown outcome or may still be in
 	// flight) are not in it: they exist, and go to the claim or back to
-	// the pool.
+	// the pool. A gang waiting for such pods to settle is the exception:
+	// all it lacks is counted, though idle pods may serve it once they
+	// have settled.
 	Shortfall int
 	// ShortfallByClass is Shortfall by the claims' Placement.Class: for
 	// each class with unmet demand, how many pods of that class to create

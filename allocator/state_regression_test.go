@@ -899,18 +899,9 @@ func TestRegressionReissueOnAnOldViewReadsThePod(t *testing.T) {
 		t.Run(tc, func(t *testing.T) {
 			onBoth(t, func(t *testing.T, raw client.Client, ns string) {
 				ctx := context.Background()
-				c := &claimWriteTimesOut{Client: raw}
-				reader := &failingPodReader{Reader: raw}
-				pool, _ := poolIn(t, raw, ns, 1)
-				newClaimIn(t, raw, ns, "c", 1)
-				a, err := allocator.New(c, allocator.WithAPIReader(reader))
-				require.NoError(t, err)
-				c.arm.Store(true)
-				_, err = world.Round(ctx, a, raw, pool)
-				require.ErrorIs(t, err, allocator.ErrWrite)
-				require.Empty(t, recordIn(t, raw, ns, "c").Held(), "the write did not land")
+				h := timedOutHandOut(t, raw, ns, 1)
+				a, reader, pool, uid := h.a, h.reader, h.pool, h.uid
 				require.Contains(t, podMarks(t, raw, ns, "p"), "p-0", "p-0 was marked before the record write")
-				uid := c.uid(t, ns)
 				notHanded := func(res allocator.Result) {
 					t.Helper()
 					require.Empty(t, recordIn(t, raw, ns, "c").Held(), "p-0 was handed out again")
@@ -962,6 +953,35 @@ func TestRegressionReissueOnAnOldViewReadsThePod(t *testing.T) {
 	}
 }
 
+// handOut is an allocator whose hand-out of pool "p"'s pod to claim c
+// (uid) had an unknown outcome (timedOutHandOut), with its API reader.
+type handOut struct {
+	a      allocator.Allocator
+	reader *failingPodReader
+	pool   types.NamespacedName
+	uid    types.UID
+	res    allocator.Result // of the round whose write timed out
+}
+
+// timedOutHandOut makes pool "p" of n pods in ns and claim c wanting one,
+// and runs a round whose record write for c times out without landing:
+// the pod handed out stays marked and reserved for c.
+func timedOutHandOut(t *testing.T, raw client.Client, ns string, n int) handOut {
+	t.Helper()
+	c := &claimWriteTimesOut{Client: raw}
+	h := handOut{reader: &failingPodReader{Reader: raw}}
+	h.pool, _ = poolIn(t, raw, ns, n)
+	h.uid = newClaimIn(t, raw, ns, "c", 1).UID
+	var err error
+	h.a, err = allocator.New(c, allocator.WithAPIReader(h.reader))
+	require.NoError(t, err)
+	c.arm.Store(true)
+	h.res, err = world.Round(context.Background(), h.a, raw, h.pool)
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	require.Empty(t, recordIn(t, raw, ns, "c").Held(), "the write did not land")
+	return h
+}
+
 // claimWriteTimesOut is a client whose next claim patch, once armed, is
 // not sent and reports a timeout: its outcome is unknown to the allocator.
 type claimWriteTimesOut struct {
@@ -976,13 +996,6 @@ func (c *claimWriteTimesOut) Patch(ctx context.Context, obj client.Object, patch
 	return c.Client.Patch(ctx, obj, patch, opts...)
 }
 
-func (c *claimWriteTimesOut) uid(t *testing.T, ns string) types.UID {
-	t.Helper()
-	var cl testenv.Claim
-	require.NoError(t, c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "c"}, &cl))
-	return cl.UID
-}
-
 // A pod reserved for a claim by a write of unknown outcome is on its way
 // to the claim: if the write landed the claim holds it, if not it goes back
 // to the pool. The pool need not create a pod for it, so it is not in the
@@ -993,22 +1006,14 @@ func (c *claimWriteTimesOut) uid(t *testing.T, ns string) types.UID {
 func TestRegressionReservedPodIsNotShortfall(t *testing.T) {
 	onBoth(t, func(t *testing.T, raw client.Client, ns string) {
 		ctx := context.Background()
-		c := &claimWriteTimesOut{Client: raw}
-		reader := &failingPodReader{Reader: raw}
-		pool, _ := poolIn(t, raw, ns, 3)
-		newClaimIn(t, raw, ns, "c", 1)
-		a, err := allocator.New(c, allocator.WithAPIReader(reader))
-		require.NoError(t, err)
-		c.arm.Store(true)
-		res, err := world.Round(ctx, a, raw, pool)
-		require.ErrorIs(t, err, allocator.ErrWrite)
-		require.Empty(t, recordIn(t, raw, ns, "c").Held(), "the write did not land")
-		require.Zero(t, res.Shortfall, "the reserved pod is on its way")
+		h := timedOutHandOut(t, raw, ns, 3)
+		a, reader, pool := h.a, h.reader, h.pool
+		require.Zero(t, h.res.Shortfall)
 
 		// While the pod cannot be read the write is not issued again:
 		// the pod stays reserved, and the pool has idle pods.
 		reader.fail.Store(true)
-		res, err = world.Round(ctx, a, raw, pool)
+		res, err := world.Round(ctx, a, raw, pool)
 		require.ErrorIs(t, err, allocator.ErrRead)
 		require.Empty(t, res.Allocated)
 		require.Zero(t, res.Shortfall, "the reserved pod is on its way")

@@ -45,14 +45,8 @@ const (
 // every record's pods exist and are marked for their claim, every claim
 // holds what it wants. After every poll, no pod is in two claims' records.
 func TestOperator(t *testing.T) {
-	ctx := t.Context()
-	ns := env.namespace(ctx, t)
-	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
-			t.Logf("operator logs:\n%s", h.logs.String())
-		}
-	})
+	h := newHarness(t)
+	ctx, ns := h.ctx, h.ns
 	k := h.startKubelet()
 	stop := h.startOperator()
 
@@ -155,6 +149,20 @@ type harness struct {
 
 	mu         sync.Mutex
 	violations []string // guarded by mu
+}
+
+// newHarness returns a harness for pool "p" in a namespace of its own,
+// whose operator logs are printed if t fails (or OPERATOR_TEST_LOGS is
+// set).
+func newHarness(t *testing.T) *harness {
+	ctx := t.Context()
+	h := &harness{t: t, ctx: ctx, c: env.Client, ns: env.namespace(ctx, t), pool: "p"}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
+			t.Logf("operator logs:\n%s", h.logs.String())
+		}
+	})
+	return h
 }
 
 // startKubelet runs the fake kubelet on the test's namespace until the
@@ -430,14 +438,8 @@ func (b *syncBuffer) String() string {
 // claim with new pods. A claim's unreadable release request is reported as
 // a Warning event on the claim.
 func TestPoolDeletedAndRecreated(t *testing.T) {
-	ctx := t.Context()
-	ns := env.namespace(ctx, t)
-	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
-			t.Logf("operator logs:\n%s", h.logs.String())
-		}
-	})
+	h := newHarness(t)
+	ctx, ns := h.ctx, h.ns
 	h.startKubelet()
 	h.startOperator()
 
@@ -485,14 +487,8 @@ func TestPoolDeletedAndRecreated(t *testing.T) {
 // Before, the operator created a pod on every reconcile until the
 // quarantine ended (TestFork, once: 185 pods in 30 s).
 func TestOperatorRestartAfterMarkWithoutRecord(t *testing.T) {
-	ctx := t.Context()
-	ns := env.namespace(ctx, t)
-	h := &harness{t: t, ctx: ctx, c: env.Client, ns: ns, pool: "p"}
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("OPERATOR_TEST_LOGS") != "" {
-			t.Logf("operator logs:\n%s", h.logs.String())
-		}
-	})
+	h := newHarness(t)
+	ctx, ns := h.ctx, h.ns
 	h.startKubelet()
 	stop := h.startOperator()
 	require.NoError(t, h.c.Create(ctx, poolv1.NewPool(ns, h.pool, 4)))
