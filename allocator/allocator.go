@@ -834,9 +834,12 @@ type podInfo struct {
 	// more is what few pods need, nil when empty: see reservedBy and
 	// nextPod.
 	more *podMore
-	// ref is the name a listing gave the pod (see stamped.listedRef);
-	// only a listing in no order reads it (scanUnordered).
+	// ref is the name a listing gave the pod (see stamped.listedRef).
 	ref string
+	// uidRef is empty or the UID string a listing last gave the pod, equal
+	// to uid(): a listed UID at its address is the pod's without a read of
+	// either string (listedUID; docs/design.md §13).
+	uidRef string
 }
 
 // podMore is what a podInfo needs only for some pods.
@@ -960,7 +963,25 @@ func (pi *podInfo) uid() types.UID { return types.UID(pi.key[pi.nameLen:]) }
 func (pi *podInfo) setUID(uid types.UID) {
 	if uid != pi.uid() {
 		pi.key = pi.name() + string(uid)
+		pi.uidRef = ""
 	}
+}
+
+// listedUID reports whether uid, the UID of a pod listed under pi's name,
+// is pi's: by its address first (uidRef), which reads neither string, then
+// by content, keeping uid as uidRef when it is. A cache's List copies its
+// objects but not their strings, so an unchanged pod's UID is found at
+// the same address every time, while its bytes, made when the pod was
+// decoded, are far from the listing's order (docs/design.md §13).
+func (pi *podInfo) listedUID(uid types.UID) bool {
+	if sameString(pi.uidRef, string(uid)) {
+		return true
+	}
+	if pi.uid() != uid {
+		return false
+	}
+	pi.uidRef = string(uid)
+	return true
 }
 
 // podPlace is where a pod runs.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -189,20 +190,33 @@ func benchSizes(b *testing.B, f func(b *testing.B, pods int)) {
 // whole pool as input (Round).
 func BenchmarkRoundFullListing(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) {
-		listingRounds(b, pods, func(in allocator.Input) allocator.Input { return in })
+		listingRounds(b, pods, false, func(in allocator.Input) allocator.Input { return in })
 	})
 }
 
 // listingRounds runs b.N rounds on a pool of pods, each with one new
 // claim, given the whole pool as input: the listing listing makes of the
-// pool's input, out of the timer.
-func listingRounds(b *testing.B, pods int, listing func(allocator.Input) allocator.Input) {
+// pool's input, out of the timer. With recovered, the allocator of each
+// new pool is a new one that recovered the pool from listing's listing
+// (as an operator's allocator recovers from its cache), not from the
+// pool's input.
+func listingRounds(b *testing.B, pods int, recovered bool, listing func(allocator.Input) allocator.Input) {
 	var bp *benchPool
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		if bp == nil || bp.free < bp.per {
 			bp = newBenchPool(b, pods, 1)
+			if recovered {
+				a, err := allocator.New(bp.c, benchOpts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := a.Round(context.Background(), listing(bp.in)); err != nil {
+					b.Fatal(err)
+				}
+				bp.a = a
+			}
 		}
 		bp.in.Claims = append(bp.in.Claims, bp.addClaim(b))
 		bp.free -= bp.per
@@ -274,7 +288,7 @@ func BenchmarkReadListing(b *testing.B) {
 func BenchmarkRoundShuffledListing(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) {
 		rnd := rand.New(rand.NewPCG(1, 2))
-		listingRounds(b, pods, func(in allocator.Input) allocator.Input {
+		listingRounds(b, pods, false, func(in allocator.Input) allocator.Input {
 			rnd.Shuffle(len(in.Pods), func(i, j int) { in.Pods[i], in.Pods[j] = in.Pods[j], in.Pods[i] })
 			rnd.Shuffle(len(in.Claims), func(i, j int) { in.Claims[i], in.Claims[j] = in.Claims[j], in.Claims[i] })
 			return in
@@ -282,28 +296,39 @@ func BenchmarkRoundShuffledListing(b *testing.B) {
 	})
 }
 
-// BenchmarkRoundCacheListing compares Round on the same listing in two
+// BenchmarkRoundCacheListing compares Round on the same listing in three
 // orders, each made as controller-runtime's cache List makes it for an
 // operator (examples/operator lists its pools so): every pod and claim a
-// deep copy in a fresh list (the strings are the cached objects'), in
-// name order (order=fixed) or in a new order every round (order=cache,
-// the cache's map order). The garbage of the copies is collected before
-// the round is timed, in both. BenchmarkRoundShuffledListing is the harder
-// case of claims whose objects stay where they were made, in no order (a
-// caller that passes the cache's own objects).
+// deep copy in a fresh list (the strings are the cached objects'). The
+// orders: name order (order=fixed); the order of an informer's indexer
+// holding the pods and the claims, which controller-runtime's List of a
+// namespace reads through the indexer's namespace index, a Go map, and so
+// gets in that map's order (order=cache, what an operator gets); and a new
+// random order every round (order=random, which no cache gives: a map's
+// order changes little from one iteration to the next). The garbage of
+// the copies is collected before the round is timed, in all three.
+// BenchmarkRoundShuffledListing is the harder case of claims whose objects
+// stay where they were made, in no order (a caller that passes the
+// cache's own objects).
 func BenchmarkRoundCacheListing(b *testing.B) {
 	benchSizes(b, func(b *testing.B, pods int) {
-		for _, order := range []string{"fixed", "cache"} {
+		for _, order := range []string{"fixed", "cache", "relisted", "random"} {
 			b.Run("order="+order, func(b *testing.B) {
 				rnd := rand.New(rand.NewPCG(1, 2))
-				perm := func(n int) []int {
-					if order == "fixed" {
-						return indexes(n)
+				var inf informerOrder
+				// relisted: the pool was recovered in name order, then
+				// listed in the cache's order, as after a relist.
+				listingRounds(b, pods, order != "relisted", func(in allocator.Input) allocator.Input {
+					var podPerm, claimPerm []int
+					switch order {
+					case "fixed":
+						podPerm, claimPerm = indexes(len(in.Pods)), indexes(len(in.Claims))
+					case "cache", "relisted":
+						podPerm, claimPerm = inf.perms(b, in)
+					default:
+						podPerm, claimPerm = rnd.Perm(len(in.Pods)), rnd.Perm(len(in.Claims))
 					}
-					return rnd.Perm(n)
-				}
-				listingRounds(b, pods, func(in allocator.Input) allocator.Input {
-					in = cacheList(in, perm)
+					in = cacheList(in, podPerm, claimPerm)
 					runtime.GC()
 					return in
 				})
@@ -312,15 +337,66 @@ func BenchmarkRoundCacheListing(b *testing.B) {
 	})
 }
 
+// informerOrder gives a bench listing the order of an informer's cache:
+// it keeps the listing's pods and claims in two client-go indexers
+// (one per informer, as a cache has), indexed by namespace as
+// controller-runtime's cache indexes them, and reads them back by that
+// index, as controller-runtime's List of one namespace does.
+type informerOrder struct {
+	first          *corev1.Pod // the listing's first pod: a new one means a new pool
+	pods, claims   cache.Indexer
+	podAt, claimAt map[string]int // an object's place in the listing, by name
+	claimsAdded    int
+}
+
+// perms returns the cache's order of in's pods and of its claims, as
+// places in in, adding what in has that the indexers have not yet (the
+// claims a benchmark made since).
+func (o *informerOrder) perms(b *testing.B, in allocator.Input) ([]int, []int) {
+	if len(in.Pods) > 0 && o.first != &in.Pods[0] {
+		newIndexer := func() cache.Indexer {
+			return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+		}
+		*o = informerOrder{first: &in.Pods[0], pods: newIndexer(), claims: newIndexer(),
+			podAt: make(map[string]int, len(in.Pods)), claimAt: make(map[string]int, len(in.Claims))}
+		for j := range in.Pods {
+			if err := o.pods.Add(&in.Pods[j]); err != nil {
+				b.Fatal(err)
+			}
+			o.podAt[in.Pods[j].Name] = j
+		}
+	}
+	for ; o.claimsAdded < len(in.Claims); o.claimsAdded++ {
+		obj := in.Claims[o.claimsAdded].Object
+		if err := o.claims.Add(obj); err != nil {
+			b.Fatal(err)
+		}
+		o.claimAt[obj.GetName()] = o.claimsAdded
+	}
+	order := func(idx cache.Indexer, at map[string]int) []int {
+		objs, err := idx.ByIndex(cache.NamespaceIndex, in.Pool.Namespace)
+		if err != nil {
+			b.Fatal(err)
+		}
+		perm := make([]int, len(objs))
+		for k, obj := range objs {
+			perm[k] = at[obj.(metav1.Object).GetName()]
+		}
+		return perm
+	}
+	return order(o.pods, o.podAt), order(o.claims, o.claimAt)
+}
+
 // cacheList copies the listing from as a cache's List does, every object
-// deep-copied into a fresh list, in the order perm gives.
-func cacheList(from allocator.Input, perm func(int) []int) allocator.Input {
+// deep-copied into a fresh list, pod k from from.Pods[podPerm[k]] and
+// claim k from from.Claims[claimPerm[k]].
+func cacheList(from allocator.Input, podPerm, claimPerm []int) allocator.Input {
 	in := allocator.Input{Pool: from.Pool, Pods: make([]corev1.Pod, len(from.Pods)), Claims: make([]allocator.Claim, len(from.Claims))}
-	for k, j := range perm(len(from.Pods)) {
+	for k, j := range podPerm {
 		from.Pods[j].DeepCopyInto(&in.Pods[k])
 	}
 	items := make([]testenv.Claim, len(from.Claims))
-	for k, j := range perm(len(from.Claims)) {
+	for k, j := range claimPerm {
 		from.Claims[j].Object.(*testenv.Claim).DeepCopyInto(&items[k])
 		in.Claims[k] = from.Claims[j]
 		in.Claims[k].Object = &items[k]

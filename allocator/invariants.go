@@ -122,6 +122,10 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 		if pi.ref != "" && (pi.ref != name || p.pods.Get(pi.ref) != pi) {
 			bad("podSeen[%d] %s has ref %q, whose entry it is not", i, name, pi.ref)
 		}
+		// A UID ref is the pod's UID (scan takes it on its address alone).
+		if pi.uidRef != "" && pi.uidRef != string(pi.uid()) {
+			bad("podSeen[%d] %s has UID ref %q, not its UID %q", i, name, pi.uidRef, pi.uid())
+		}
 		count[pi.state]++
 		_, isHeld := snap[name]
 		isHeld = isHeld && p.pods.Get(name) == pi

@@ -139,13 +139,18 @@ func (r *round) scanPods(pods []corev1.Pod) ([]*corev1.Pod, error) {
 			var pi *podInfo
 			var st *stamp[*podInfo]
 			if h.try(len(p.podSeen)) {
-				if s := &p.podSeen[h.next]; !s.v.waiting && s.v.name() == hd.name {
+				if s := &p.podSeen[h.next]; !s.v.waiting && hd.name != "" && (sameString(s.v.ref, hd.name) || s.v.name() == hd.name) {
 					pi, st = s.v, s // the entry of pods under that name
+					if !sameString(pi.ref, hd.name) {
+						setRef(&p.podRefs, p.podSeen, pi.idx, hd.name)
+					}
 				}
 				h.count(pi != nil)
 			}
 			if pi == nil && hd.name != "" {
-				pi = p.pods.Get(hd.name)
+				if pi = p.pods.Get(hd.name); pi != nil && !sameString(pi.ref, hd.name) && p.podSeen.at(pi) != nil {
+					setRef(&p.podRefs, p.podSeen, pi.idx, hd.name)
+				}
 			}
 			take, err := r.scanPod(start+j, &chunk[j], hd, pi, st, &newPods)
 			if err != nil {
@@ -192,7 +197,7 @@ func (r *round) scanPod(j int, pod *corev1.Pod, hd *podHead, pi *podInfo, st *st
 		return false, errPodTwice(p.name, hd.name)
 	}
 	st.seen = p.gen
-	if (pi.uid() != hd.uid && hd.uid != "") || !pi.unchanged(hd.rv) {
+	if (hd.uid != "" && !pi.listedUID(hd.uid)) || !pi.unchanged(hd.rv) {
 		// Changed: checked whole. (A version taken in before was
 		// checked then: its namespace cannot have changed.)
 		if pod.Namespace != p.name.Namespace {
@@ -228,13 +233,18 @@ func (r *round) scanClaims(claims []Claim) ([]int, error) {
 			var ci *claimInfo
 			var st *stamp[*claimInfo]
 			if h.try(len(p.claimSeen)) {
-				if s := &p.claimSeen[h.next]; s.v.uid() == hd.uid {
+				if s := &p.claimSeen[h.next]; hd.uid != "" && (sameString(s.v.ref, string(hd.uid)) || s.v.uid() == hd.uid) {
 					ci, st = s.v, s // the entry of claims under uid
+					if !sameString(ci.ref, string(hd.uid)) {
+						setRef(&p.claimRefs, p.claimSeen, ci.idx, string(hd.uid))
+					}
 				}
 				h.count(ci != nil)
 			}
 			if ci == nil && hd.uid != "" {
-				ci = p.claims.Get(string(hd.uid))
+				if ci = p.claims.Get(string(hd.uid)); ci != nil && !sameString(ci.ref, string(hd.uid)) && p.claimSeen.at(ci) != nil {
+					setRef(&p.claimRefs, p.claimSeen, ci.idx, string(hd.uid))
+				}
 			}
 			take, err := r.scanClaim(start+j, &chunk[j], hd, ci, st, &newClaims)
 			if err != nil {

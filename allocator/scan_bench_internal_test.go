@@ -9,7 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/poolalloc/poolalloc/internal/testenv"
@@ -18,7 +21,10 @@ import (
 // BenchmarkScan times scan alone on a pool of 50,000 pods and 40,000
 // claims, every object unchanged, listed as a cache's List gives them
 // (BenchmarkRoundCacheListing): deep copies in a fresh list, in name order
-// or in a new order each time (docs/design.md §13).
+// (order=fixed), in the order of an informer's indexer (order=cache) or in
+// a new random order each time (order=random). Each order's pool is
+// recovered from a listing in that order, as an operator's allocator
+// recovers from its cache (docs/design.md §13).
 func BenchmarkScan(b *testing.B) {
 	const pods, claims = 50000, 40000
 	ctx := context.Background()
@@ -26,11 +32,6 @@ func BenchmarkScan(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	al, err := New(fake.NewClientBuilder().WithScheme(scheme).Build(), WithPodMarks(false), WithInvariantChecks(false))
-	if err != nil {
-		b.Fatal(err)
-	}
-	a := al.(*defaultAllocator)
 	d := &listingDraw{ns: "ns"}
 	base := Input{Pool: types.NamespacedName{Namespace: "ns", Name: "p"}}
 	for i := range pods {
@@ -39,33 +40,80 @@ func BenchmarkScan(b *testing.B) {
 	for i := range claims {
 		base.Claims = append(base.Claims, d.claim("claim-"+strconv.Itoa(i)))
 	}
-	if _, err := a.Round(ctx, base); err != nil {
-		b.Fatal(err)
+	// The informer order: two indexers (a cache's two informers), read by
+	// namespace as controller-runtime's List of a namespace reads them.
+	informer := func(objs func(add func(o client.Object))) []int {
+		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+		at := make(map[string]int)
+		objs(func(o client.Object) {
+			at[o.GetName()] = len(at)
+			if err := idx.Add(o); err != nil {
+				b.Fatal(err)
+			}
+		})
+		listed, err := idx.ByIndex(cache.NamespaceIndex, base.Pool.Namespace)
+		if err != nil {
+			b.Fatal(err)
+		}
+		perm := make([]int, len(listed))
+		for k, o := range listed {
+			perm[k] = at[o.(metav1.Object).GetName()]
+		}
+		return perm
 	}
-	for _, order := range []string{"fixed", "cache"} {
+	podIdx := func() []int {
+		return informer(func(add func(client.Object)) {
+			for j := range base.Pods {
+				add(&base.Pods[j])
+			}
+		})
+	}
+	claimIdx := func() []int {
+		return informer(func(add func(client.Object)) {
+			for j := range base.Claims {
+				add(base.Claims[j].Object)
+			}
+		})
+	}
+	for _, order := range []string{"fixed", "cache", "random"} {
 		b.Run("order="+order, func(b *testing.B) {
 			rnd := rand.New(rand.NewPCG(1, 2))
-			for b.Loop() {
-				b.StopTimer()
-				perm := func(n int) []int {
-					if order == "cache" {
-						return rnd.Perm(n)
-					}
-					out := make([]int, n)
-					for i := range out {
-						out[i] = i
-					}
-					return out
+			var podCache, claimCache []int
+			if order == "cache" {
+				podCache, claimCache = podIdx(), claimIdx()
+			}
+			list := func() Input {
+				var podPerm, claimPerm []int
+				switch order {
+				case "fixed":
+					podPerm, claimPerm = identity(pods), identity(claims)
+				case "cache":
+					podPerm, claimPerm = podCache, claimCache
+				default:
+					podPerm, claimPerm = rnd.Perm(pods), rnd.Perm(claims)
 				}
 				in := Input{Pool: base.Pool, Pods: make([]corev1.Pod, pods), Claims: make([]Claim, claims)}
-				for k, j := range perm(pods) {
+				for k, j := range podPerm {
 					base.Pods[j].DeepCopyInto(&in.Pods[k])
 				}
 				items := make([]testenv.Claim, claims)
-				for k, j := range perm(claims) {
+				for k, j := range claimPerm {
 					base.Claims[j].Object.(*testenv.Claim).DeepCopyInto(&items[k])
 					in.Claims[k] = Claim{Object: &items[k]}
 				}
+				return in
+			}
+			al, err := New(fake.NewClientBuilder().WithScheme(scheme).Build(), WithPodMarks(false), WithInvariantChecks(false))
+			if err != nil {
+				b.Fatal(err)
+			}
+			a := al.(*defaultAllocator)
+			if _, err := a.Round(ctx, list()); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				b.StopTimer()
+				in := list()
 				runtime.GC()
 				p := a.lookupPool(in.Pool)
 				p.mu.Lock()
@@ -82,4 +130,13 @@ func BenchmarkScan(b *testing.B) {
 			}
 		})
 	}
+}
+
+// identity returns 0, 1, ..., n-1.
+func identity(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }

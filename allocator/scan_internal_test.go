@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,7 +20,8 @@ import (
 
 // lookupScan is what scan means, without its shortcuts: each pod, then
 // each claim, of the listing in its order, found by a lookup in the pool's
-// index. It returns the places of those to observe, or the first error.
+// index, a pod's UID compared by content (its entry's uidRef left as it
+// was). It returns the places of those to observe, or the first error.
 func lookupScan(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, claimsTaken []int, err error) {
 	var newPods map[string]struct{}
 	for j := range pods {
@@ -28,7 +30,14 @@ func lookupScan(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, claimsT
 		if hd.name != "" {
 			pi = r.p.pods.Get(hd.name)
 		}
+		var uidRef string
+		if pi != nil {
+			uidRef, pi.uidRef = pi.uidRef, ""
+		}
 		take, err := r.scanPod(j, &pods[j], &hd, pi, nil, &newPods)
+		if pi != nil {
+			pi.uidRef = uidRef
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -72,6 +81,19 @@ func unorderedScanOf(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, cl
 	var newClaims map[types.UID]struct{}
 	claimsTaken, err = r.scanClaimsUnordered(claims, 0, nil, &newClaims)
 	return podsTaken, claimsTaken, err
+}
+
+// scanOf is scan as a round calls it (the hint, then scanUnordered if it
+// misses too often), with the pods to observe as places in pods.
+func scanOf(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, claimsTaken []int, err error) {
+	changed, claimsTaken, err := r.scan(pods, claims)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, pod := range changed {
+		podsTaken = append(podsTaken, int((uintptr(unsafe.Pointer(pod))-uintptr(unsafe.Pointer(&pods[0])))/unsafe.Sizeof(pods[0])))
+	}
+	return podsTaken, claimsTaken, nil
 }
 
 // listingDraw makes listings of a pool for the property below: its pods
@@ -119,6 +141,9 @@ func (d *listingDraw) listing(t *rapid.T, base Input) Input {
 			pod.ResourceVersion = strconv.Itoa(d.next) // changed
 		case 3:
 			pod = d.pod(pod.Name) // a new pod under the name
+		case 6:
+			d.next++
+			pod.UID = types.UID("pod-uid-" + strconv.Itoa(d.next)) // a new pod, the other strings the same
 		case 4:
 			out.Pods = append(out.Pods, pod) // twice, the same strings
 		case 5:
@@ -170,8 +195,10 @@ func (d *listingDraw) listing(t *rapid.T, base Input) Input {
 			out.Claims[j].Want = -1
 		}
 	}
-	out.Pods = rapid.Permutation(out.Pods).Draw(t, "pod order")
-	out.Claims = rapid.Permutation(out.Claims).Draw(t, "claim order")
+	if rapid.Bool().Draw(t, "shuffled") {
+		out.Pods = rapid.Permutation(out.Pods).Draw(t, "pod order")
+		out.Claims = rapid.Permutation(out.Claims).Draw(t, "claim order")
+	}
 	return out
 }
 
@@ -216,12 +243,23 @@ func TestPropertyUnorderedScanAgreesWithLookups(t *testing.T) {
 			wantPods, wantClaims, wantErr := lookupScan(r, in.Pods, in.Claims)
 			p.gen++
 			gotPods, gotClaims, gotErr := unorderedScanOf(r, in.Pods, in.Claims)
+			p.gen++
+			hintPods, hintClaims, hintErr := scanOf(r, in.Pods, in.Claims)
 			p.mu.Unlock()
 			if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
 				t.Fatalf("step %d: scanUnordered refuses the listing with %v, lookups with %v", step, gotErr, wantErr)
 			}
 			if wantErr == nil && (!slices.Equal(gotPods, wantPods) || !slices.Equal(gotClaims, wantClaims)) {
 				t.Fatalf("step %d: scanUnordered takes pods %v and claims %v, lookups %v and %v", step, gotPods, gotClaims, wantPods, wantClaims)
+			}
+			if fmt.Sprint(hintErr) != fmt.Sprint(wantErr) {
+				t.Fatalf("step %d: scan refuses the listing with %v, lookups with %v", step, hintErr, wantErr)
+			}
+			if wantErr == nil && (!slices.Equal(hintPods, wantPods) || !slices.Equal(hintClaims, wantClaims)) {
+				t.Fatalf("step %d: scan takes pods %v and claims %v, lookups %v and %v", step, hintPods, hintClaims, wantPods, wantClaims)
+			}
+			if err := a.checkInvariants(); err != nil {
+				t.Fatalf("step %d: %v", step, err)
 			}
 			if rapid.Bool().Draw(t, fmt.Sprintf("round %d", step)) {
 				if _, err := a.Round(ctx, in); err == nil {
