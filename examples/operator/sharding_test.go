@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -202,18 +204,25 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	}()
 	served := func(what string) {
 		t.Helper()
-		require.Eventually(t, func() bool {
+		// short is what the last look found amiss, for the failure.
+		var short []string
+		if !assert.Eventually(t, func() bool {
 			held, err := read(false)
 			if err != nil {
+				short = []string{err.Error()}
 				return false
 			}
+			short = short[:0]
 			for k, want := range claims {
 				if len(held[k]) != int(want) {
-					return false
+					short = append(short, fmt.Sprintf("%s/%s holds %v, wants %d", k.ns, k.name, held[k], want))
 				}
 			}
-			return true
-		}, 60*time.Second, 100*time.Millisecond, "every claim served: %s", what)
+			return len(short) == 0
+		}, 60*time.Second, 100*time.Millisecond, "every claim served: %s", what) {
+			slices.Sort(short)
+			t.Fatalf("%s: not served at the last look: %s", what, strings.Join(short, "; "))
+		}
 	}
 	scale := func(n int32) {
 		t.Helper()
