@@ -22,9 +22,13 @@ import (
 // API server, sorted by name) shows the pods and claims in the order of
 // podSeen and claimSeen, which are filled in listing order: scan looks for
 // each one first at the place after the previous one's (a hint), which
-// costs no lookup and reads the pool's entries one after another. A
-// listing in another order (an informer cache's, whose List comes out in
-// map order, another one each time) would pay a cache miss for each of a
+// costs no lookup and reads the pool's entries one after another. An
+// informer cache's List comes out in its map's order, which changes little
+// from one List to the next: a pool recovered from the cache is read with
+// the hint too, names and UIDs compared by address before content (refs,
+// podInfo.listedUID), since the cache keeps their bytes in the order the
+// objects were decoded. A listing in another order (after a relist, or
+// shuffled) would pay a cache miss for each of a
 // pod's name, index slot, entry, key and stamp: once the hint has missed
 // maxHintMisses times more than it hit, scan takes the rest with
 // scanUnordered, which finds unchanged objects by the addresses of their
