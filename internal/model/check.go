@@ -284,16 +284,6 @@ func CheckShortfall(in allocator.Input, res allocator.Result, snap map[string]st
 	return nil
 }
 
-// CheckShortfallWithin checks I3's shortfall where up to onWay pods may be
-// on their way to claims (reserved, so not in the shortfall): it is at
-// most the unmet demand of live claims and at least that less onWay.
-func CheckShortfallWithin(in allocator.Input, res allocator.Result, snap map[string]store.Holder, onWay int) error {
-	if want := UnmetDemand(in, res, snap); res.Shortfall > want || res.Shortfall < want-onWay {
-		return fmt.Errorf("I3: pool %s: shortfall %d, unmet demand of live claims %d with %d pods marked for claims that do not hold them", in.Pool, res.Shortfall, want, onWay)
-	}
-	return nil
-}
-
 // CheckRecovered checks I5 for one pool: after a restart and the new
 // allocator's first round, the store equals the store before the restart
 // with that round's releases and allocations applied. Pods of either store
