@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -338,53 +337,40 @@ func BenchmarkRoundCacheListing(b *testing.B) {
 }
 
 // informerOrder gives a bench listing the order of an informer's cache:
-// it keeps the listing's pods and claims in two client-go indexers
-// (one per informer, as a cache has), indexed by namespace as
-// controller-runtime's cache indexes them, and reads them back by that
-// index, as controller-runtime's List of one namespace does.
+// one allocator.CacheOrder for the pods and one for the claims (a cache's
+// two informers).
 type informerOrder struct {
-	first          *corev1.Pod // the listing's first pod: a new one means a new pool
-	pods, claims   cache.Indexer
-	podAt, claimAt map[string]int // an object's place in the listing, by name
-	claimsAdded    int
+	first        *corev1.Pod // the listing's first pod: a new one means a new pool
+	pods, claims *allocator.CacheOrder
+	claimsAdded  int
 }
 
 // perms returns the cache's order of in's pods and of its claims, as
-// places in in, adding what in has that the indexers have not yet (the
+// places in in, adding what in has that the caches have not yet (the
 // claims a benchmark made since).
 func (o *informerOrder) perms(b *testing.B, in allocator.Input) ([]int, []int) {
 	if len(in.Pods) > 0 && o.first != &in.Pods[0] {
-		newIndexer := func() cache.Indexer {
-			return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-		}
-		*o = informerOrder{first: &in.Pods[0], pods: newIndexer(), claims: newIndexer(),
-			podAt: make(map[string]int, len(in.Pods)), claimAt: make(map[string]int, len(in.Claims))}
+		*o = informerOrder{first: &in.Pods[0], pods: allocator.NewCacheOrder(), claims: allocator.NewCacheOrder()}
 		for j := range in.Pods {
-			if err := o.pods.Add(&in.Pods[j]); err != nil {
+			if err := o.pods.Add(&in.Pods[j], j); err != nil {
 				b.Fatal(err)
 			}
-			o.podAt[in.Pods[j].Name] = j
 		}
 	}
 	for ; o.claimsAdded < len(in.Claims); o.claimsAdded++ {
-		obj := in.Claims[o.claimsAdded].Object
-		if err := o.claims.Add(obj); err != nil {
+		if err := o.claims.Add(in.Claims[o.claimsAdded].Object, o.claimsAdded); err != nil {
 			b.Fatal(err)
 		}
-		o.claimAt[obj.GetName()] = o.claimsAdded
 	}
-	order := func(idx cache.Indexer, at map[string]int) []int {
-		objs, err := idx.ByIndex(cache.NamespaceIndex, in.Pool.Namespace)
-		if err != nil {
-			b.Fatal(err)
-		}
-		perm := make([]int, len(objs))
-		for k, obj := range objs {
-			perm[k] = at[obj.(metav1.Object).GetName()]
-		}
-		return perm
+	podPerm, err := o.pods.Order(in.Pool.Namespace)
+	if err != nil {
+		b.Fatal(err)
 	}
-	return order(o.pods, o.podAt), order(o.claims, o.claimAt)
+	claimPerm, err := o.claims.Order(in.Pool.Namespace)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return podPerm, claimPerm
 }
 
 // cacheList copies the listing from as a cache's List does, every object

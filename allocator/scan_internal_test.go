@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -71,16 +70,22 @@ func unorderedScanOf(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, cl
 	if err != nil {
 		return nil, nil, err
 	}
+	var newClaims map[types.UID]struct{}
+	claimsTaken, err = r.scanClaimsUnordered(claims, 0, nil, &newClaims)
+	return placesOfPods(pods, changed), claimsTaken, err
+}
+
+// placesOfPods returns the places in pods of the pods changed points to.
+func placesOfPods(pods []corev1.Pod, changed []*corev1.Pod) []int {
+	var places []int
 	for _, pod := range changed {
 		for j := range pods {
 			if &pods[j] == pod {
-				podsTaken = append(podsTaken, j)
+				places = append(places, j)
 			}
 		}
 	}
-	var newClaims map[types.UID]struct{}
-	claimsTaken, err = r.scanClaimsUnordered(claims, 0, nil, &newClaims)
-	return podsTaken, claimsTaken, err
+	return places
 }
 
 // scanOf is scan as a round calls it (the hint, then scanUnordered if it
@@ -90,10 +95,7 @@ func scanOf(r *round, pods []corev1.Pod, claims []Claim) (podsTaken, claimsTaken
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, pod := range changed {
-		podsTaken = append(podsTaken, int((uintptr(unsafe.Pointer(pod))-uintptr(unsafe.Pointer(&pods[0])))/unsafe.Sizeof(pods[0])))
-	}
-	return podsTaken, claimsTaken, nil
+	return placesOfPods(pods, changed), claimsTaken, nil
 }
 
 // listingDraw makes listings of a pool for the property below: its pods

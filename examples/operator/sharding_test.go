@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,25 +203,16 @@ func TestShardedOperatorFailoverAndRebalance(t *testing.T) {
 	}()
 	served := func(what string) {
 		t.Helper()
-		// short is what the last look found amiss, for the failure.
-		var short []string
-		if !assert.Eventually(t, func() bool {
+		// On failure, what the last look found amiss is printed.
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			held, err := read(false)
-			if err != nil {
-				short = []string{err.Error()}
-				return false
+			if !assert.NoError(c, err) {
+				return
 			}
-			short = short[:0]
 			for k, want := range claims {
-				if len(held[k]) != int(want) {
-					short = append(short, fmt.Sprintf("%s/%s holds %v, wants %d", k.ns, k.name, held[k], want))
-				}
+				assert.Len(c, held[k], int(want), "claim %s/%s", k.ns, k.name)
 			}
-			return len(short) == 0
-		}, 60*time.Second, 100*time.Millisecond, "every claim served: %s", what) {
-			slices.Sort(short)
-			t.Fatalf("%s: not served at the last look: %s", what, strings.Join(short, "; "))
-		}
+		}, 60*time.Second, 100*time.Millisecond, "every claim served: %s", what)
 	}
 	scale := func(n int32) {
 		t.Helper()
