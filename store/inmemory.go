@@ -205,7 +205,7 @@ func (s *InMemory) Allocate(pool types.NamespacedName, h Holder, pods []string) 
 		return nil
 	}
 	var err error
-	s.write(pool, func(p *poolIndex) { err = p.allocate(pool, h, pods) })
+	s.write(pool, func(p *poolIndex) { err = p.allocate(pool, h, pods, nil) })
 	return err
 }
 
@@ -261,6 +261,9 @@ func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, 
 		p.pods = make(map[string]*claimPods, pods)
 	}
 	p.claims.Grow(p.claims.Len() + len(allocs))
+	// The claims' entries come from blocks (a recovery writes thousands):
+	// a block stays in memory while one of its claims holds pods.
+	var block []claimPods
 	for k, a := range allocs {
 		if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
 			return k, err
@@ -268,15 +271,23 @@ func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, 
 		if len(a.Pods) == 0 {
 			continue
 		}
-		if err := p.allocate(pool, a.Holder, a.Pods); err != nil {
+		if len(block) == 0 {
+			block = make([]claimPods, min(len(allocs)-k, claimBlock))
+		}
+		if err := p.allocate(pool, a.Holder, a.Pods, &block); err != nil {
 			return k, err
 		}
 	}
 	return len(allocs), nil
 }
 
+// claimBlock is how many claims' entries AllocateAll makes at once.
+const claimBlock = 256
+
 // allocate does Allocate's work on a live index. The caller holds p.mu and
-// has checked h.UID and the pod names for emptiness.
+// has checked h.UID and the pod names for emptiness. A new claim's entry
+// is the first of *block, if block is not nil (and is then taken from it),
+// else made.
 //
 // It inserts the pods one by one and, at the first pod already present,
 // removes what it inserted, so that the common (successful) path does one
@@ -285,7 +296,7 @@ func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, 
 // every call with a duplicate takes the error path, where the duplicate
 // check runs before the conflict is reported: an invalid argument wins
 // over a held pod, as if the arguments had been checked first.
-func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string) error {
+func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string, block *[]claimPods) error {
 	c := p.claims.Get(string(h.UID))
 	known := c != nil
 	if known && c.holder() != h {
@@ -293,7 +304,12 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder().Claim)
 	}
 	if !known {
-		c = &claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name}
+		if block != nil {
+			c = &(*block)[0]
+		} else {
+			c = new(claimPods)
+		}
+		*c = claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name}
 		if len(pods) == 1 {
 			c.pods = c.one[:0]
 		} else {
@@ -323,6 +339,9 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string)
 	}
 	if !known {
 		p.claims.Set(c)
+		if block != nil {
+			*block = (*block)[1:]
+		}
 	}
 	return nil
 }
