@@ -116,7 +116,22 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 		return Record{}, errors.New("syncer: read: claim is nil")
 	}
 	ann := claim.GetAnnotations()
-	if size := annotationsSize(ann); size > MaxAnnotationsSize {
+	// One pass over the annotations finds their size and the record's
+	// three values (a recovery reads thousands of claims).
+	var size int
+	var allocated, released, releaseReq string
+	for k, v := range ann {
+		size += len(k) + len(v)
+		switch k {
+		case s.keys.Allocated:
+			allocated = v
+		case s.keys.Released:
+			released = v
+		case s.keys.Release:
+			releaseReq = v
+		}
+	}
+	if size > MaxAnnotationsSize {
 		return Record{}, &RecordError{
 			Claim:  client.ObjectKeyFromObject(claim),
 			Key:    s.largest(ann),
@@ -128,13 +143,13 @@ func (s *AnnotationSyncer) Read(claim client.Object) (Record, error) {
 	// heap, an allocation per call.
 	var rec Record
 	var err error
-	if rec.Allocated, err = decodePods(ann[s.keys.Allocated], s.repeats); err != nil {
+	if rec.Allocated, err = decodePods(allocated, s.repeats); err != nil {
 		return Record{}, withClaim(err, claim, s.keys.Allocated)
 	}
-	if rec.Released, err = decodePods(ann[s.keys.Released], s.repeats); err != nil {
+	if rec.Released, err = decodePods(released, s.repeats); err != nil {
 		return Record{}, withClaim(err, claim, s.keys.Released)
 	}
-	release, err := decodePods(ann[s.keys.Release], s.repeats)
+	release, err := decodePods(releaseReq, s.repeats)
 	if err != nil {
 		err = withClaim(err, claim, s.keys.Release)
 		var re *RecordError
