@@ -950,7 +950,15 @@ func (pi *podInfo) reservedUntil() time.Time {
 // newPodInfo returns the entry of a pod, not in the free list; uid is
 // empty when not known.
 func newPodInfo(name string, uid types.UID) *podInfo {
-	return &podInfo{key: name + string(uid), nameLen: uint16(len(name)), freeIdx: -1}
+	pi := new(podInfo)
+	initPodInfo(pi, name+string(uid), len(name))
+	return pi
+}
+
+// initPodInfo makes pi, a zero entry, the entry of a pod whose key (name,
+// then UID) is key, with a name of nameLen bytes.
+func initPodInfo(pi *podInfo, key string, nameLen int) {
+	pi.key, pi.nameLen, pi.freeIdx = key, uint16(nameLen), -1
 }
 
 // name is the pod's name, a part of key.
@@ -1060,7 +1068,12 @@ func (p *pool) addPlace(k uint64, pl *podPlace, nodeLabels func(string) map[stri
 // in: the sum of a hash of each label's key and value. It only reads the
 // pool's seed, and may run on several goroutines at once.
 func (p *pool) placeKey(node string, labels map[string]string) uint64 {
-	h := maphash.String(p.placeSeed, node)
+	return maphash.String(p.placeSeed, node) + p.labelsKey(labels)
+}
+
+// labelsKey is placeKey's hash of a label set.
+func (p *pool) labelsKey(labels map[string]string) uint64 {
+	var h uint64
 	for k, v := range labels {
 		h += maphash.String(p.placeSeed, k)*0x9e3779b97f4a7c15 ^ maphash.String(p.placeSeed, v)
 	}
@@ -1414,7 +1427,13 @@ func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid(), Cl
 
 // setIdent sets the claim's pool, name and UID.
 func (c *claimInfo) setIdent(p *pool, name string, uid types.UID) {
-	c.key, c.pool, c.nameLen = name+"/"+string(uid), p, int32(len(name))
+	c.setKey(p, name+"/"+string(uid), len(name))
+}
+
+// setKey sets the claim's pool and key, its name, "/" and its UID (see
+// key), made by the caller; the name is nameLen bytes of it.
+func (c *claimInfo) setKey(p *pool, key string, nameLen int) {
+	c.key, c.pool, c.nameLen = key, p, int32(nameLen)
 }
 
 // claimUID is the key of claims in pool.claims.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -48,6 +49,50 @@ import (
 // minSplit is the least number of pods or claims prepare gives a core:
 // below it, a goroutine costs more than it saves.
 const minSplit = 256
+
+// entryBlock is how many entries, and keyBlock how many bytes of their
+// keys, recovery makes at once (blocks): one allocation for many pods or
+// claims, not one or two each.
+const (
+	entryBlock = 256
+	keyBlock   = 8 << 10
+)
+
+// blocks hands out the entries of one goroutine's share of a recovery
+// from blocks of entryBlock. A block stays in memory while any entry of
+// it is in use, so a recovery's blocks hold at most what its entries
+// would.
+type blocks[T any] struct{ free []T }
+
+// next returns a zeroed entry; left is how many more are to come, this
+// one included, so that the last block is no larger than needed.
+func (b *blocks[T]) next(left int) *T {
+	if len(b.free) == 0 {
+		b.free = make([]T, min(left, entryBlock))
+	}
+	e := &b.free[0]
+	b.free = b.free[1:]
+	return e
+}
+
+// keys makes entries' key strings (a name, a separator, a UID) from shared
+// blocks of keyBlock bytes: a key is a part of its block, which stays in
+// memory while any of its keys is in use.
+type keys struct{ b strings.Builder }
+
+// join returns a + sep + c.
+func (k *keys) join(a, sep, c string) string {
+	n := len(a) + len(sep) + len(c)
+	if k.b.Cap()-k.b.Len() < n {
+		k.b = strings.Builder{}
+		k.b.Grow(max(n, keyBlock))
+	}
+	start := k.b.Len()
+	k.b.WriteString(a)
+	k.b.WriteString(sep)
+	k.b.WriteString(c)
+	return k.b.String()[start:]
+}
 
 // listing is a pool's first listing, checked and made into entries by
 // prepare.
@@ -147,6 +192,8 @@ func (r *round) prepare(in Input) (*listing, error) {
 	places := map[int][]*podPlace{} // by the first pod of their range
 	spread.Split(len(in.Pods), minSplit, func(lo, hi int) {
 		local := placesOf{p: r.p}
+		var made blocks[podInfo]
+		var ks keys
 		defer func() {
 			mu.Lock()
 			places[lo] = local.made
@@ -158,7 +205,9 @@ func (r *round) prepare(in Input) (*listing, error) {
 				firstBad.note(i)
 				return
 			}
-			pi := r.newListedPod(pod)
+			pi := made.next(hi - i)
+			initPodInfo(pi, ks.join(pod.Name, "", string(pod.UID)), len(pod.Name))
+			r.listedPod(pi, pod)
 			pi.place = local.of(pod.Spec.NodeName, pod.Labels)
 			l.pods[i] = pi
 		}
@@ -236,11 +285,10 @@ func (f *firstIndex) note(i int) {
 // at returns the least index noted.
 func (f *firstIndex) at() int { return int(f.i.Load()) }
 
-// newListedPod makes the entry of a pod listed for the first time: what a
-// listing says of it (observePod for a new pod, with no entry to compare
-// with). Its mark is kept as listed; recover resolves it.
-func (r *round) newListedPod(pod *corev1.Pod) *podInfo {
-	pi := newPodInfo(pod.Name, pod.UID)
+// listedPod fills in pi, the new entry of a pod listed for the first time:
+// what a listing says of it (observePod for a new pod, with no entry to
+// compare with). Its mark is kept as listed; recover resolves it.
+func (r *round) listedPod(pi *podInfo, pod *corev1.Pod) {
 	pi.present, pi.rv = true, pod.ResourceVersion
 	if key := r.a.cfg.markKey; key != "" {
 		if mark := pod.Annotations[key]; mark != "" {
@@ -248,7 +296,6 @@ func (r *round) newListedPod(pod *corev1.Pod) *podInfo {
 		}
 	}
 	r.readStatus(pi, pod)
-	return pi
 }
 
 // readStatus takes in what pod says of pi's readiness.
@@ -282,6 +329,8 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 	out = make([]recClaim, len(claims))
 	firstBad := newFirstIndex(len(claims))
 	spread.Split(len(claims), minSplit, func(lo, hi int) {
+		var made blocks[claimInfo]
+		var ks keys
 		for i := lo; i < hi; i++ {
 			c := claims[i]
 			if checkClaim(r.p.name, i, c) != nil {
@@ -289,7 +338,8 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 				return
 			}
 			f := &out[i]
-			f.ci, f.obj = r.claimInfoOf(c), c.Object
+			f.ci, f.obj = made.next(hi-i), c.Object
+			r.initClaimInfo(f.ci, ks.join(c.Object.GetName(), "/", string(c.Object.GetUID())), c)
 			var rec syncer.Record
 			rec, f.warn, f.err = readRecord(r.a.cfg.syncer, c.Object)
 			if f.err == nil {
@@ -322,15 +372,19 @@ func heldOf(rec syncer.Record) []string {
 // r's pool. Its version is not kept yet: recover keeps it for the claims
 // the round may write (see recover), observeClaim always.
 func (r *round) claimInfoOf(c Claim) *claimInfo {
+	ci := new(claimInfo)
+	r.initClaimInfo(ci, c.Object.GetName()+"/"+string(c.Object.GetUID()), c)
+	return ci
+}
+
+// initClaimInfo makes ci, a zero entry, the entry claimInfoOf makes for c,
+// whose key (see setKey) is key.
+func (r *round) initClaimInfo(ci *claimInfo, key string, c Claim) {
 	o := c.Object
 	// The claim's namespace is the pool's (checked): one string for all.
-	ci := &claimInfo{
-		want:        int32(c.Want),
-		priority:    c.Priority,
-		created:     unixNanos(o.GetCreationTimestamp().Time),
-		terminating: o.GetDeletionTimestamp() != nil,
-	}
-	ci.setIdent(r.p, o.GetName(), o.GetUID())
+	ci.want, ci.priority = int32(c.Want), c.Priority
+	ci.created, ci.terminating = unixNanos(o.GetCreationTimestamp().Time), o.GetDeletionTimestamp() != nil
+	ci.setKey(r.p, key, len(o.GetName()))
 	ci.setPlacement(c.Placement)
 	if r.a.cfg.metrics != nil && c.Want > 0 && !ci.terminating {
 		// Waiting since its creation, until plan finds it holds all it
@@ -342,7 +396,6 @@ func (r *round) claimInfoOf(c Claim) *claimInfo {
 		ci.setWaitSince(since)
 	}
 	ci.addRV(o.GetResourceVersion())
-	return ci
 }
 
 // newClaimInfo is claimInfoOf with the version kept.
@@ -437,6 +490,11 @@ func (r *round) first(in Input, made bool) (Result, error) {
 // the state the listing gives it with no holder.
 func (r *round) installPods(l *listing) {
 	p := r.p
+	// The pods' moves are not kept (see forgetMoves); the free list is
+	// made once, for as many pods as may be free.
+	p.rebuilding = true
+	defer func() { p.rebuilding = false }()
+	p.free = slices.Grow(p.free, len(l.pods))
 	p.pods = l.podIdx
 	p.podSeen = slices.Grow(p.podSeen[:0], len(l.pods))
 	// The places prepare found become the pool's (placeAt), in the order
@@ -467,28 +525,65 @@ func (r *round) installPods(l *listing) {
 
 // placesOf finds the places of a range of pods on its own (prepare): the
 // podPlaces it made, each once, in the order it made them. installPods
-// makes them the pool's.
+// makes them the pool's. The pods of a pool mostly share a few label sets:
+// each set is kept once (sets), its places share its map (read only, as
+// every place's), and a pod whose labels are the last pod's costs one
+// comparison of the two, no hashing of its labels.
 type placesOf struct {
 	p     *pool
-	found map[uint64]*podPlace
+	found map[rangePlace]*podPlace
+	sets  map[uint64]*rangeLabels // by labelsKey, chained
+	last  *rangeLabels
 	made  []*podPlace
+}
+
+// rangeLabels is a label set met in a range of pods (placesOf).
+type rangeLabels struct {
+	labels podLabels
+	next   *rangeLabels // another with the same labelsKey
+}
+
+// rangePlace is a place of a range of pods: its node and its label set.
+type rangePlace struct {
+	node string
+	set  *rangeLabels
 }
 
 // of returns the place of node and labels, made if the range has none.
 func (l *placesOf) of(node string, labels map[string]string) *podPlace {
-	k := l.p.placeKey(node, labels)
-	for pl := l.found[k]; pl != nil; pl = pl.next {
-		if pl.node == node && maps.Equal(pl.labels, podLabels(labels)) {
-			return pl
-		}
+	ls := l.last
+	if ls == nil || !maps.Equal(ls.labels, podLabels(labels)) {
+		ls = l.setOf(labels)
+		l.last = ls
+	}
+	k := rangePlace{node, ls}
+	if pl := l.found[k]; pl != nil {
+		return pl
 	}
 	if l.found == nil {
-		l.found = make(map[uint64]*podPlace)
+		l.found = make(map[rangePlace]*podPlace)
 	}
-	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: maps.Clone(labels), next: l.found[k]}
+	pl := &podPlace{node: node, zone: labels[ZoneLabel], labels: ls.labels}
 	l.found[k] = pl
 	l.made = append(l.made, pl)
 	return pl
+}
+
+// setOf returns the range's label set equal to labels, made if it has
+// none.
+func (l *placesOf) setOf(labels map[string]string) *rangeLabels {
+	k := l.p.labelsKey(labels)
+	for ls := l.sets[k]; ls != nil; ls = ls.next {
+		if maps.Equal(ls.labels, podLabels(labels)) {
+			return ls
+		}
+	}
+	if l.sets == nil {
+		l.sets = make(map[uint64]*rangeLabels)
+	}
+	ls := &rangeLabels{labels: maps.Clone(labels), next: l.sets[k]}
+	l.sets[k] = ls
+	return ls
 }
 
 // recover rebuilds the pool's allocations from the claims' records, in a
@@ -570,6 +665,7 @@ func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
 	}
 	clear(p.claimSeen)
 	p.claimSeen = slices.Grow(p.claimSeen[:0], len(prep))
+	p.arrived = slices.Grow(p.arrived, len(prep))
 	for i := range prep {
 		ci := prep[i].ci
 		p.addClaim(ci)

@@ -1275,7 +1275,7 @@ func (r *round) plan() (algorithm.Action, error) {
 	if cap(p.offer) > 64 && len(p.free) < cap(p.offer)/4 {
 		p.offer = nil // let the memory of a larger pool go
 	}
-	p.offer = p.offer[:0]
+	p.offer = slices.Grow(p.offer[:0], len(p.free))
 	for _, f := range p.free {
 		p.offer = append(p.offer, f.candidate())
 	}
