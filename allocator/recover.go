@@ -32,9 +32,11 @@ import (
 //   - The store forgets the pool, and nothing more happens if a record
 //     cannot be read (readable).
 //   - installPods puts the pods in, in listing order, each in the state
-//     the listing gives it with no holder; meanwhile, with pod marks,
-//     giveMarked gives every claim the pods its record lists that are
-//     listed and marked for it, all claims in one store write.
+//     the listing gives it with no holder, then installClaims the claims'
+//     entries; meanwhile, with pod marks, giveMarked gives every claim the
+//     pods its record lists that are listed and marked for it, all claims
+//     in one store write. prepare's entries and the store's come from
+//     blocks (one allocation for many): a recovery makes thousands.
 //   - rebuild takes the claims in: every other record entry goes through
 //     takeName's rules, then the marks that no record backs are resolved.
 //     A claim that then holds what it wants, with nothing pending, is not
@@ -469,9 +471,16 @@ func (r *round) first(in Input, made bool) (Result, error) {
 	if err == nil && r.marks() {
 		// The store writes that give the claims their marked pods touch
 		// nothing of the pool: they go on while the pods are put in.
-		both(func() { r.installPods(l) }, func() { g = r.giveMarked(l.claims) })
+		// So do the pods' and the claims' own entries.
+		both(func() {
+			r.installPods(l)
+			r.installClaims(l.claims, &l.claIdx)
+		}, func() { g = r.giveMarked(l.claims) })
 	} else {
 		r.installPods(l)
+		if err == nil {
+			r.installClaims(l.claims, &l.claIdx)
+		}
 	}
 	if err == nil {
 		err = r.rebuild(l.claims, l, g)
@@ -606,6 +615,7 @@ func (r *round) recover(claims []Claim) error {
 		pi.strays = 0
 		p.reset(pi)
 	}
+	r.installClaims(prep, nil)
 	return r.rebuild(prep, nil, nil)
 }
 
@@ -642,17 +652,15 @@ func (r *round) readable(prep []recClaim) error {
 	return nil
 }
 
-// rebuild takes the claims of prep, every record readable, into a pool
-// whose pods are in and whose store holds nothing, or, with g, the marked
-// pods giveMarked gave (with l, the claims' index prepare made). Claims
-// with something to do are marked dirty; the others keep nothing of their
-// version (quiet).
-func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
-	p, a := r.p, r.a
-	p.rebuilding = true
-	defer func() { p.rebuilding = false }()
-	if l != nil {
-		p.claims = l.claIdx
+// installClaims makes the claims of prep, every record readable, the
+// pool's, in the listing's order, with idx as their index (nil: one is
+// made), ready for rebuild. It touches neither the pods nor the store, and
+// of the claims' entries nothing giveMarked reads: in the first round it
+// runs while the store is written.
+func (r *round) installClaims(prep []recClaim, idx *index.Index[*claimInfo]) {
+	p := r.p
+	if idx != nil {
+		p.claims = *idx
 	} else {
 		p.claims = index.New(claimUID, len(prep))
 		for i := range prep {
@@ -666,12 +674,28 @@ func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
 	clear(p.claimSeen)
 	p.claimSeen = slices.Grow(p.claimSeen[:0], len(prep))
 	p.arrived = slices.Grow(p.arrived, len(prep))
+	marks := r.marks()
 	for i := range prep {
 		ci := prep[i].ci
 		p.addClaim(ci)
 		p.seeClaim(ci)
 		ci.listed = true
+		if marks {
+			ci.recRV = rvNum(ci.rv) // takeInMarked: the record's version
+		}
 	}
+}
+
+// rebuild takes the claims of prep, every record readable and installed
+// (installClaims), into a pool whose pods are in and whose store holds
+// nothing, or, with g, the marked pods giveMarked gave (with l, the
+// listing prepare made). Claims
+// with something to do are marked dirty; the others keep nothing of their
+// version (quiet).
+func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
+	p, a := r.p, r.a
+	p.rebuilding = true
+	defer func() { p.rebuilding = false }()
 	// How many pods each claim was given here.
 	given := make([]int32, len(prep))
 	if r.marks() {
@@ -780,7 +804,8 @@ func (r *round) giveMarked(prep []recClaim) *gifts {
 // claim (the common case) were given by g (giveMarked); every other entry
 // goes through takeName, claim after claim in the listing's order.
 // given[i] is how many pods prep[i] was given by g (takeName marks a claim
-// it gives a pod to dirty).
+// it gives a pod to dirty). Each claim's recRV, its record's version, was
+// set by installClaims.
 //
 // Giving the marked pods first changes nothing takeName decides: at
 // recovery it gives a claim only pods marked for it, and what it decides
@@ -788,9 +813,6 @@ func (r *round) giveMarked(prep []recClaim) *gifts {
 // does not depend on who holds the pods marked for their claims.
 func (r *round) takeInMarked(prep []recClaim, g *gifts, given []int32) {
 	p := r.p
-	for i := range prep {
-		prep[i].ci.recRV = rvNum(prep[i].ci.rv)
-	}
 	for k, al := range g.allocs {
 		i, pods := g.of[k], g.mine[g.at[k]:g.at[k+1]]
 		ci := prep[i].ci
