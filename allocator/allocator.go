@@ -1427,11 +1427,15 @@ func (c *claimInfo) holder() store.Holder { return store.Holder{UID: c.uid(), Cl
 
 // setIdent sets the claim's pool, name and UID.
 func (c *claimInfo) setIdent(p *pool, name string, uid types.UID) {
-	c.setKey(p, name+"/"+string(uid), len(name))
+	c.setKey(p, name+claimKeySep+string(uid), len(name))
 }
 
-// setKey sets the claim's pool and key, its name, "/" and its UID (see
-// key), made by the caller; the name is nameLen bytes of it.
+// claimKeySep separates a claim's name from its UID in its key, as in a
+// pod mark.
+const claimKeySep = "/"
+
+// setKey sets the claim's pool and key, its name, claimKeySep and its UID
+// (see key), made by the caller; the name is nameLen bytes of it.
 func (c *claimInfo) setKey(p *pool, key string, nameLen int) {
 	c.key, c.pool, c.nameLen = key, p, int32(nameLen)
 }

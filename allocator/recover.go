@@ -341,7 +341,7 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 			}
 			f := &out[i]
 			f.ci, f.obj = made.next(hi-i), c.Object
-			r.initClaimInfo(f.ci, ks.join(c.Object.GetName(), "/", string(c.Object.GetUID())), c)
+			r.initClaimInfo(f.ci, ks.join(c.Object.GetName(), claimKeySep, string(c.Object.GetUID())), c)
 			var rec syncer.Record
 			rec, f.warn, f.err = readRecord(r.a.cfg.syncer, c.Object)
 			if f.err == nil {
@@ -375,7 +375,7 @@ func heldOf(rec syncer.Record) []string {
 // the round may write (see recover), observeClaim always.
 func (r *round) claimInfoOf(c Claim) *claimInfo {
 	ci := new(claimInfo)
-	r.initClaimInfo(ci, c.Object.GetName()+"/"+string(c.Object.GetUID()), c)
+	r.initClaimInfo(ci, c.Object.GetName()+claimKeySep+string(c.Object.GetUID()), c)
 	return ci
 }
 
@@ -689,9 +689,8 @@ func (r *round) installClaims(prep []recClaim, idx *index.Index[*claimInfo]) {
 // rebuild takes the claims of prep, every record readable and installed
 // (installClaims), into a pool whose pods are in and whose store holds
 // nothing, or, with g, the marked pods giveMarked gave (with l, the
-// listing prepare made). Claims
-// with something to do are marked dirty; the others keep nothing of their
-// version (quiet).
+// listing prepare made). Claims with something to do are marked dirty;
+// the others keep nothing of their version (quiet).
 func (r *round) rebuild(prep []recClaim, l *listing, g *gifts) error {
 	p, a := r.p, r.a
 	p.rebuilding = true
