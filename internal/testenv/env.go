@@ -423,6 +423,13 @@ func Main(m *testing.M, env **Env) int {
 		}
 	}()
 
+	if noTests() {
+		// Benchmarks alone (-test.run '^$'): no control plane, whose
+		// background work would only add to their noise. None of the
+		// benchmarks of the packages that call Main uses *env.
+		fmt.Fprintln(os.Stderr, "testenv: -test.run selects no test: the control plane is not started")
+		return m.Run()
+	}
 	start := time.Now()
 	e, err := Start(ctx, os.Stderr)
 	if err != nil {
@@ -458,6 +465,13 @@ func Main(m *testing.M, env **Env) int {
 		}
 	}
 	return code
+}
+
+// noTests reports whether -test.run is "^$", the pattern that selects no
+// test (as for benchmarks alone).
+func noTests() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() == "^$"
 }
 
 // emergencyStop signals both processes at once, so that neither survives
