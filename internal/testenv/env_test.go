@@ -3,6 +3,7 @@ package testenv_test
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"reflect"
 	"testing"
 	"time"
@@ -288,5 +289,37 @@ func TestAssetsUsesKubebuilderAssets(t *testing.T) {
 	dir, err := testenv.Assets(t.Context(), &progress)
 	if err != nil || dir != "/somewhere" || progress.Len() != 0 {
 		t.Fatalf("Assets with %s set: %q, %v, progress %q", testenv.EnvAssets, dir, err, progress.String())
+	}
+}
+
+// mainChild is set in the environment of the test binary that
+// TestMainStartsNoControlPlaneForBenchmarksAlone runs.
+const mainChild = "POOLALLOC_TESTENV_MAIN_CHILD"
+
+// BenchmarkMainEnv fails, in that child, if Main started a control plane.
+func BenchmarkMainEnv(b *testing.B) {
+	if os.Getenv(mainChild) != "" && env != nil {
+		b.Fatal("Main started a control plane for benchmarks alone")
+	}
+	for b.Loop() {
+	}
+}
+
+// With -test.run '^$' (benchmarks alone), Main starts no control plane
+// and runs the benchmarks.
+func TestMainStartsNoControlPlaneForBenchmarksAlone(t *testing.T) {
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^$", "-test.bench", "^BenchmarkMainEnv$", "-test.benchtime", "1x")
+	cmd.Env = append(os.Environ(), mainChild+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, want := range []string{"the control plane is not started", "BenchmarkMainEnv", "PASS"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if bytes.Contains(out, []byte("control plane up")) {
+		t.Errorf("a control plane was started:\n%s", out)
 	}
 }
