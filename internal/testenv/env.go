@@ -395,7 +395,9 @@ func sameSet(a, b []string) bool {
 // took, runs the tests and stops the Env. On SIGINT or SIGTERM, or shortly
 // before the -timeout alarm would end the process, it stops the control
 // plane first so that no etcd or kube-apiserver outlives the test binary.
-// It returns the exit code for os.Exit.
+// With -test.run '^$' (benchmarks alone) it starts nothing and *env stays
+// nil: a benchmark that needs the API server belongs in a package that
+// starts its own. It returns the exit code for os.Exit.
 func Main(m *testing.M, env **Env) int {
 	if !flag.Parsed() {
 		flag.Parse()
@@ -424,9 +426,8 @@ func Main(m *testing.M, env **Env) int {
 	}()
 
 	if noTests() {
-		// Benchmarks alone (-test.run '^$'): no control plane, whose
-		// background work would only add to their noise. None of the
-		// benchmarks of the packages that call Main uses *env.
+		// Benchmarks alone: no control plane, whose background work
+		// would only add to their noise.
 		fmt.Fprintln(os.Stderr, "testenv: -test.run selects no test: the control plane is not started")
 		return m.Run()
 	}
