@@ -470,8 +470,9 @@ func (r *round) first(in Input, made bool) (Result, error) {
 	err = r.readable(l.claims)
 	if err == nil && r.marks() {
 		// The store writes that give the claims their marked pods touch
-		// nothing of the pool: they go on while the pods are put in.
-		// So do the pods' and the claims' own entries.
+		// nothing of the pool: they go on while the pods and the claims'
+		// entries are put in (installClaims leaves alone what giveMarked
+		// reads of an entry).
 		both(func() {
 			r.installPods(l)
 			r.installClaims(l.claims, &l.claIdx)
