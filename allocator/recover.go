@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/poolalloc/poolalloc/internal/blocks"
 	"github.com/poolalloc/poolalloc/internal/index"
 	spread "github.com/poolalloc/poolalloc/internal/parallel"
 	"github.com/poolalloc/poolalloc/store"
@@ -52,30 +53,10 @@ import (
 // below it, a goroutine costs more than it saves.
 const minSplit = 256
 
-// entryBlock is how many entries, and keyBlock how many bytes of their
-// keys, recovery makes at once (blocks): one allocation for many pods or
-// claims, not one or two each.
-const (
-	entryBlock = 256
-	keyBlock   = 8 << 10
-)
-
-// blocks hands out the entries of one goroutine's share of a recovery
-// from blocks of entryBlock. A block stays in memory while any entry of
-// it is in use, so a recovery's blocks hold at most what its entries
-// would.
-type blocks[T any] struct{ free []T }
-
-// next returns a zeroed entry; left is how many more are to come, this
-// one included, so that the last block is no larger than needed.
-func (b *blocks[T]) next(left int) *T {
-	if len(b.free) == 0 {
-		b.free = make([]T, min(left, entryBlock))
-	}
-	e := &b.free[0]
-	b.free = b.free[1:]
-	return e
-}
+// keyBlock is how many bytes of entries' keys recovery makes at once
+// (keys), as it makes the entries themselves from blocks (package blocks):
+// one allocation for many pods or claims, not one or two each.
+const keyBlock = 8 << 10
 
 // keys makes entries' key strings (a name, a separator, a UID) from shared
 // blocks of keyBlock bytes: a key is a part of its block, which stays in
@@ -194,7 +175,7 @@ func (r *round) prepare(in Input) (*listing, error) {
 	places := map[int][]*podPlace{} // by the first pod of their range
 	spread.Split(len(in.Pods), minSplit, func(lo, hi int) {
 		local := placesOf{p: r.p}
-		var made blocks[podInfo]
+		var made blocks.Blocks[podInfo]
 		var ks keys
 		defer func() {
 			mu.Lock()
@@ -207,7 +188,7 @@ func (r *round) prepare(in Input) (*listing, error) {
 				firstBad.note(i)
 				return
 			}
-			pi := made.next(hi - i)
+			pi := made.Next(hi - i)
 			initPodInfo(pi, ks.join(pod.Name, "", string(pod.UID)), len(pod.Name))
 			r.listedPod(pi, pod)
 			pi.place = local.of(pod.Spec.NodeName, pod.Labels)
@@ -331,7 +312,7 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 	out = make([]recClaim, len(claims))
 	firstBad := newFirstIndex(len(claims))
 	spread.Split(len(claims), minSplit, func(lo, hi int) {
-		var made blocks[claimInfo]
+		var made blocks.Blocks[claimInfo]
 		var ks keys
 		for i := lo; i < hi; i++ {
 			c := claims[i]
@@ -340,7 +321,7 @@ func (r *round) prepareClaims(claims []Claim) (out []recClaim, bad int) {
 				return
 			}
 			f := &out[i]
-			f.ci, f.obj = made.next(hi-i), c.Object
+			f.ci, f.obj = made.Next(hi-i), c.Object
 			r.initClaimInfo(f.ci, ks.join(c.Object.GetName(), claimKeySep, string(c.Object.GetUID())), c)
 			var rec syncer.Record
 			rec, f.warn, f.err = readRecord(r.a.cfg.syncer, c.Object)

@@ -99,19 +99,3 @@ func TestKeysJoin(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
-
-// blocks gives out distinct zeroed entries, no block larger than what is
-// left to give.
-func TestBlocksNext(t *testing.T) {
-	var b blocks[podInfo]
-	seen := map[*podInfo]bool{}
-	const n = 2*entryBlock + 3
-	for i := range n {
-		e := b.next(n - i)
-		require.False(t, seen[e], "entry %d given twice", i)
-		require.Zero(t, *e)
-		seen[e] = true
-		e.key = "used"
-	}
-	require.Empty(t, b.free, "the last block is larger than needed")
-}

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/poolalloc/poolalloc/internal/blocks"
 	"github.com/poolalloc/poolalloc/internal/index"
 )
 
@@ -261,9 +262,8 @@ func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, 
 		p.pods = make(map[string]*claimPods, pods)
 	}
 	p.claims.Grow(p.claims.Len() + len(allocs))
-	// The claims' entries come from blocks (a recovery writes thousands):
-	// a block stays in memory while one of its claims holds pods.
-	var block []claimPods
+	// The claims' entries come from blocks (a recovery writes thousands).
+	var made blocks.Blocks[claimPods]
 	for k, a := range allocs {
 		if err := checkAllocate(pool, a.Holder, a.Pods); err != nil {
 			return k, err
@@ -271,23 +271,16 @@ func (p *poolIndex) allocateAll(pool types.NamespacedName, allocs []Allocation, 
 		if len(a.Pods) == 0 {
 			continue
 		}
-		if len(block) == 0 {
-			block = make([]claimPods, min(len(allocs)-k, claimBlock))
-		}
-		if err := p.allocate(pool, a.Holder, a.Pods, &block); err != nil {
+		if err := p.allocate(pool, a.Holder, a.Pods, func() *claimPods { return made.Next(len(allocs) - k) }); err != nil {
 			return k, err
 		}
 	}
 	return len(allocs), nil
 }
 
-// claimBlock is how many claims' entries AllocateAll makes at once.
-const claimBlock = 256
-
 // allocate does Allocate's work on a live index. The caller holds p.mu and
 // has checked h.UID and the pod names for emptiness. A new claim's entry
-// is the first of *block, if block is not nil (and is then taken from it),
-// else made.
+// comes from fresh (nil: new), which must return a zeroed entry.
 //
 // It inserts the pods one by one and, at the first pod already present,
 // removes what it inserted, so that the common (successful) path does one
@@ -296,7 +289,7 @@ const claimBlock = 256
 // every call with a duplicate takes the error path, where the duplicate
 // check runs before the conflict is reported: an invalid argument wins
 // over a held pod, as if the arguments had been checked first.
-func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string, block *[]claimPods) error {
+func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string, fresh func() *claimPods) error {
 	c := p.claims.Get(string(h.UID))
 	known := c != nil
 	if known && c.holder() != h {
@@ -304,12 +297,12 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string,
 			pool, h.Claim, ErrInvalidArgument, h.UID, c.holder().Claim)
 	}
 	if !known {
-		if block != nil {
-			c = &(*block)[0]
+		if fresh != nil {
+			c = fresh()
 		} else {
 			c = new(claimPods)
 		}
-		*c = claimPods{uid: h.UID, ns: &p.ns, name: h.Claim.Name}
+		c.uid, c.ns, c.name = h.UID, &p.ns, h.Claim.Name
 		if len(pods) == 1 {
 			c.pods = c.one[:0]
 		} else {
@@ -339,9 +332,6 @@ func (p *poolIndex) allocate(pool types.NamespacedName, h Holder, pods []string,
 	}
 	if !known {
 		p.claims.Set(c)
-		if block != nil {
-			*block = (*block)[1:]
-		}
 	}
 	return nil
 }
