@@ -136,6 +136,10 @@ func (p *pool) checkInvariants(a *defaultAllocator) error {
 				bad("pod %s (uid %s) is %s but not its name's entry", name, pi.uid(), pi.state)
 			case ci == nil:
 				bad("pod %s is %s for no claim", name, pi.state)
+			case p.claims.Get(string(ci.uid())) != ci:
+				// A claim forgotten while a pod is active for it comes back
+				// as a new entry the pod does not name.
+				bad("pod %s is %s for claim %s, which is not the pool's entry for its UID", name, pi.state, ci.name())
 			case pi.state == stateRecycling && (!isHeld || snap[name].UID != ci.uid()):
 				bad("pod %s is recycling for claim %s, the store says %v", name, ci.name(), snap[name])
 			case pi.state != stateRecycling && isHeld:

@@ -1578,3 +1578,72 @@ func TestRegressionMovedClaimKeepsItsPodFromAnOlderRecord(t *testing.T) {
 	require.Equal(t, []string{x + " for c4"}, recycledFor)
 	require.NotContains(t, f.held("c4"), x, "the pod is given back for the claim that moved")
 }
+
+// An allocator settling a pod for a claim (the pod is marked for it, and a
+// record newer than the mark does not list it) whose fence fails (the pod
+// changed since the listing) keeps the pod settling. A round on a claim
+// listing that then lacks the claim forgot the claim, though the pod was
+// still settling for it; when the claim came back, handed that pod by
+// another allocator, the settling pod named the forgotten entry: the
+// allocator recycled the pod the claim held and wrote its record without
+// it (the many-allocator machine, I7).
+func TestRegressionSettlingPodKeepsItsClaimKnown(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 1, 0)
+	mark := func(v string) {
+		t.Helper()
+		var p corev1.Pod
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-0"}, &p))
+		p.Annotations = map[string]string{allocator.DefaultPodMarkKey: v}
+		require.NoError(t, c.Update(ctx, &p))
+	}
+	recycled := 0
+	a, err := allocator.New(c, allocator.WithRecycler(func(context.Context, allocator.RecycleRequest) (bool, error) {
+		recycled++
+		return true, nil
+	}))
+	require.NoError(t, err)
+	_, err = world.Round(ctx, a, c, pool) // c wants nothing yet
+	require.NoError(t, err)
+
+	// Another allocator marks p-0 for c; c is then scaled to 1 (a version
+	// newer than the mark, whose record does not list the pod); the other
+	// allocator's hand-out fails and it unmarks the pod.
+	mark("c/uid-c")
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	cl.Spec.Replicas = 1
+	require.NoError(t, c.Update(ctx, cl))
+	lagging, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	mark("")
+
+	// On the listing from before the unmark, the pod is settled for c;
+	// its fence fails (the pod changed), so it stays settling. The next
+	// round's claim listing lacks c.
+	res, err := a.Round(ctx, lagging)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Warnings, "the fence's conflict is a warning")
+	noClaims := lagging
+	noClaims.Claims = nil
+	_, err = a.Round(ctx, noClaims)
+	require.NoError(t, err)
+	require.NoError(t, allocator.CheckInvariants(a))
+	require.Zero(t, recycled, "the pod changed since the listing: not recycled")
+
+	// The other allocator hands p-0 to c.
+	mark("c/uid-c")
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	v, err := syncer.EncodePods([]string{"p-0"})
+	require.NoError(t, err)
+	cl.Annotations = map[string]string{syncer.DefaultKeys().Allocated: v}
+	require.NoError(t, c.Update(ctx, cl))
+
+	for range 2 {
+		res, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Empty(t, res.Released)
+	}
+	require.Zero(t, recycled, "c holds p-0: it is not recycled")
+	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held())
+	require.NoError(t, allocator.CheckInvariants(a))
+}

@@ -373,7 +373,10 @@ func (r *round) settle() {
 	p := r.p
 	for ci := range p.dirty {
 		if !ci.listed {
-			if p.nHeld(ci) == 0 && !r.hasReservations(ci) {
+			// A pod reserved or settling for the claim names its entry:
+			// the claim is kept until none is (forgotten, it would come
+			// back as a new entry those pods do not name).
+			if p.nHeld(ci) == 0 && !r.hasReservations(ci) && !r.hasSettling(ci) {
 				delete(p.dirty, ci)
 				r.setStrays(ci, nil)
 				if p.claims.Get(string(ci.uid())) == ci {
@@ -911,6 +914,16 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 func (r *round) hasReservations(ci *claimInfo) bool {
 	for pi := range r.p.reserved {
 		if pi.reservedBy() == ci {
+			return true
+		}
+	}
+	return false
+}
+
+// hasSettling reports whether a pod is settling for ci.
+func (r *round) hasSettling(ci *claimInfo) bool {
+	for pi := range r.p.settling {
+		if pi.settling() == ci {
 			return true
 		}
 	}
