@@ -371,12 +371,35 @@ func (r *round) run() (Result, error) {
 // forgets claims that left the pool holding nothing.
 func (r *round) settle() {
 	p := r.p
+	// The claims a pod is reserved for, and those a pod is settling for,
+	// each found once.
+	var reservedFor, settlingFor map[*claimInfo]struct{}
+	hasReserved := func(ci *claimInfo) bool {
+		if reservedFor == nil {
+			reservedFor = make(map[*claimInfo]struct{}, len(p.reserved))
+			for pi := range p.reserved {
+				reservedFor[pi.reservedBy()] = struct{}{}
+			}
+		}
+		_, ok := reservedFor[ci]
+		return ok
+	}
+	hasSettling := func(ci *claimInfo) bool {
+		if settlingFor == nil {
+			settlingFor = make(map[*claimInfo]struct{}, len(p.settling))
+			for pi := range p.settling {
+				settlingFor[pi.settling()] = struct{}{}
+			}
+		}
+		_, ok := settlingFor[ci]
+		return ok
+	}
 	for ci := range p.dirty {
 		if !ci.listed {
 			// A pod reserved or settling for the claim names its entry:
 			// the claim is kept until none is (forgotten, it would come
 			// back as a new entry those pods do not name).
-			if p.nHeld(ci) == 0 && !r.hasReservations(ci) && !r.hasSettling(ci) {
+			if p.nHeld(ci) == 0 && !hasReserved(ci) && !hasSettling(ci) {
 				delete(p.dirty, ci)
 				r.setStrays(ci, nil)
 				if p.claims.Get(string(ci.uid())) == ci {
@@ -387,7 +410,7 @@ func (r *round) settle() {
 			}
 			continue
 		}
-		if r.settled(ci) {
+		if r.settled(ci, hasReserved) {
 			delete(p.dirty, ci)
 			ci.letGo()
 		}
@@ -407,9 +430,10 @@ func (r *round) settle() {
 }
 
 // settled reports whether a listed claim needs nothing from the next round
-// unless something about it changes.
-func (r *round) settled(ci *claimInfo) bool {
-	if ci.recycling() > 0 || ci.rewrite || r.hasReservations(ci) {
+// unless something about it changes; hasReserved reports whether a pod is
+// reserved for a claim.
+func (r *round) settled(ci *claimInfo, hasReserved func(*claimInfo) bool) bool {
+	if ci.recycling() > 0 || ci.rewrite || len(r.p.reserved) > 0 && hasReserved(ci) {
 		return false
 	}
 	n := r.p.nHeld(ci)
@@ -909,25 +933,6 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 		}
 	}
 	return n
-}
-
-func (r *round) hasReservations(ci *claimInfo) bool {
-	for pi := range r.p.reserved {
-		if pi.reservedBy() == ci {
-			return true
-		}
-	}
-	return false
-}
-
-// hasSettling reports whether a pod is settling for ci.
-func (r *round) hasSettling(ci *claimInfo) bool {
-	for pi := range r.p.settling {
-		if pi.settling() == ci {
-			return true
-		}
-	}
-	return false
 }
 
 // settleReservations decides, pod by pod, whether writes of unknown
