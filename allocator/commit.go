@@ -606,13 +606,17 @@ func (p *pool) recordPod(ci *claimInfo, name string) *podInfo {
 //   - listed, with a mark as known that does not name ci and is older
 //     than base: a write must not drop a pod the record lists on a belief
 //     older than the record (the pod may have been marked for ci since);
-//   - not listed, and neither held nor reserved here (no entry, or one
-//     in stateGone), for a claim the pool lists: the pod may have been
-//     deleted since the record was written (its recycling recorded by a
-//     write that lost to another allocator's), so keeping it on its
-//     last-known mark would keep a pod that is no more; or a lagging
-//     listing may hide a pod another allocator handed to ci, so dropping
-//     it unread would take a pod the owner may have seen (I7).
+//   - not listed, for a claim the pool lists, and either neither held
+//     nor reserved here (no entry, or one in stateGone) or known only as
+//     older than base and not held by ci: the pod may have been deleted
+//     since the record was written (its recycling recorded by a write
+//     that lost to another allocator's), so keeping it on its last-known
+//     mark would keep a pod that is no more; or a lagging listing may
+//     hide a pod another allocator handed to ci (after the claim this
+//     allocator believes holds it let it go), so dropping it unread would
+//     take a pod the owner may have seen (I7;
+//     TestRegressionPodOfAGoneClaimStaysWithItsNewHolder). A pod ci holds
+//     that the listing lacks is lost, and kept.
 func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Record) []string {
 	if !r.marks() || baseRec == nil {
 		return nil
@@ -623,7 +627,7 @@ func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Re
 		pi := r.p.recordPod(ci, name)
 		switch {
 		case pi == nil || !pi.present:
-			if ci.listed && (pi == nil || pi.state == stateGone) {
+			if ci.listed && (pi == nil || pi.state == stateGone || r.p.holderOf(pi) != ci && rvNum(pi.rv) < baseRV) {
 				out = append(out, name)
 			}
 		case pi.markUID(r.p.name) != ci.uid() && rvNum(pi.rv) < baseRV:

@@ -1647,3 +1647,63 @@ func TestRegressionSettlingPodKeepsItsClaimKnown(t *testing.T) {
 	require.Equal(t, []string{"p-0"}, recordOn(t, c, "c").Held())
 	require.NoError(t, allocator.CheckInvariants(a))
 }
+
+// An allocator on a lagging pod listing still believes a pod is held by a
+// claim it handed the pod to; that claim was deleted since, and another
+// allocator released the pod and handed it to a second claim. The stale
+// allocator gives the pod back for the deleted claim, and writes the
+// second claim's record, which lists the pod: a belief older than that
+// record does not decide, the pod is read live, and the write keeps it
+// (marked for the second claim). Where the lagging listing lacked the pod,
+// the write used to drop it unread, as held here by the deleted claim,
+// taking it from the claim holding it (the many-allocator machine, I7).
+func TestRegressionPodOfAGoneClaimStaysWithItsNewHolder(t *testing.T) {
+	for _, lag := range []string{"marked for the gone claim", "missing"} {
+		t.Run(lag, func(t *testing.T) {
+			ctx := context.Background()
+			c, pool, x := regressionPool(t, 1, 1)
+			a, err := allocator.New(c)
+			require.NoError(t, err)
+			res, err := world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.Equal(t, []string{"p-0"}, grantsTo(res, "c"))
+			stale, err := world.Input(ctx, c, pool) // p-0 marked for c
+			require.NoError(t, err)
+			if lag == "missing" {
+				stale.Pods = nil
+			}
+
+			// c is deleted; another allocator releases p-0, then hands it
+			// to y.
+			require.NoError(t, c.Delete(ctx, x))
+			b, err := allocator.New(c)
+			require.NoError(t, err)
+			for range 2 {
+				_, err = world.Round(ctx, b, c, pool)
+				require.NoError(t, err)
+			}
+			require.True(t, apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(x), x)), "c is gone once its pod is released")
+			y := testenv.NewClaim("ns", "y", "p", 1)
+			y.UID = "uid-y"
+			require.NoError(t, c.Create(ctx, y))
+			res, err = world.Round(ctx, b, c, pool)
+			require.NoError(t, err)
+			require.Equal(t, []string{"p-0"}, grantsTo(res, "y"))
+
+			// a rounds on its lagging pod listing and the claims as they
+			// are.
+			fresh, err := world.Input(ctx, c, pool)
+			require.NoError(t, err)
+			stale.Claims = fresh.Claims
+			for range 3 {
+				_, _ = a.Round(ctx, stale)
+				require.Equal(t, []string{"p-0"}, recordOn(t, c, "y").Held(), "y keeps the pod it holds")
+			}
+			res, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.Empty(t, res.Released)
+			require.Equal(t, []string{"p-0"}, recordOn(t, c, "y").Held())
+			require.NoError(t, allocator.CheckInvariants(a))
+		})
+	}
+}
