@@ -292,6 +292,14 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					// dropping it would free a pod of uncertain use.
 					mine = true
 				}
+				if pi != nil && !pi.present && pi.mark == "" && r.p.holderOf(pi) == ci {
+					// Held and missing (lost) before its mark could be
+					// written: kept until it is released, as a marked pod
+					// that goes missing is. Dropped, the store would go on
+					// holding a pod no record lists, and keep a new pod
+					// under its name out of the pool.
+					mine = true
+				}
 				if live, ok := w.marks[name]; ok {
 					h, _ := parseMark(r.p.name, live.mark)
 					mine = h.UID == ci.uid()

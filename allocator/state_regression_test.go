@@ -1027,3 +1027,64 @@ func TestRegressionReservedPodIsNotShortfall(t *testing.T) {
 		require.NoError(t, allocator.CheckInvariants(a))
 	})
 }
+
+// A claim's record from before pod marks lists a pod; an allocator with
+// marks and WithPodMarkMigration believes it, but the pod is deleted and
+// created again under its name before its mark lands. The claim holds the
+// old pod, now missing (lost), as it would a marked one. The claim's next
+// record write (it wants one more pod) dropped the missing pod from the
+// record while the store kept holding it: the round went on reporting the
+// pod lost for a record that no longer listed it, and the new pod under the
+// name stayed out of the pool for ever, waiting for an old one nothing
+// durable referred to (the many-allocator machine's liveness check).
+func TestRegressionUnmarkedLostPodStaysInItsRecord(t *testing.T) {
+	onBoth(t, func(t *testing.T, c client.Client, ns string) {
+		ctx := context.Background()
+		pool, _ := poolIn(t, c, ns, 3)
+		cl := newClaimIn(t, c, ns, "c", 1)
+		old, err := allocator.New(c, allocator.WithPodMarks(false))
+		require.NoError(t, err)
+		res, err := world.Round(ctx, old, c, pool)
+		require.NoError(t, err)
+		require.Len(t, grantsTo(res, "c"), 1)
+		x := grantsTo(res, "c")[0]
+
+		// The new allocator's first rounds see x as it was, newer than
+		// c's record (someone labelled it); x is created again under its
+		// name before its mark is written.
+		pod := &corev1.Pod{}
+		require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: ns, Name: x}, pod))
+		pod.Labels["touched"] = "yes"
+		require.NoError(t, c.Update(ctx, pod))
+		stale, err := world.Input(ctx, c, pool)
+		require.NoError(t, err)
+		recreatePod(t, c, ns, x)
+		a, err := allocator.New(c, allocator.WithPodMarkMigration(true))
+		require.NoError(t, err)
+		for range 3 {
+			_, err = a.Round(ctx, stale)
+			require.True(t, apierrors.IsConflict(err), "the mark of %s is refused: %v", x, err)
+		}
+		res, err = world.Round(ctx, a, c, pool)
+		require.NoError(t, err)
+		require.Len(t, res.Lost, 1, "c's pod %s is gone", x)
+		require.Equal(t, x, res.Lost[0].Pod)
+
+		// c wants one more: its record is written again.
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+		cl.Spec.Replicas = 2
+		require.NoError(t, c.Update(ctx, cl))
+		for i := range 3 {
+			res, err = world.Round(ctx, a, c, pool)
+			require.NoError(t, err)
+			require.NoError(t, allocator.CheckInvariants(a))
+			rec := recordIn(t, c, ns, "c")
+			for _, l := range res.Lost {
+				require.Contains(t, rec.Held(), l.Pod, "round %d: the pod reported lost for %s is in its record", i, l.Claim.Name)
+			}
+		}
+		rec := recordIn(t, c, ns, "c")
+		require.Len(t, rec.Held(), 2, "c holds the lost pod and one more")
+		require.Contains(t, rec.Held(), x)
+	})
+}
