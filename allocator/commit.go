@@ -498,7 +498,7 @@ func (r *round) based(w *write, rd *claimGet) []string {
 	if err == nil || errors.Is(err, syncer.ErrMalformedRelease) {
 		baseRec = &decoded
 	}
-	if w.fresh != nil && baseRec != nil && r.marks() {
+	if w.fresh != nil && baseRec != nil && r.marks() && !r.givenUp(w.ci, w.fresh) {
 		// Read live, the claim is at a version newer than the record the
 		// round decided on. If that record holds a pod the write would
 		// give back as settled (docs/design.md I13: recycled because a record
@@ -506,7 +506,11 @@ func (r *round) based(w *write, rd *claimGet) []string {
 		// the pod to the claim again since: the decision is stale, and
 		// writing it would take from the claim a pod it holds and wants
 		// (I7; TestRegressionSettleDoesNotUndoANewerHandOut). Nothing is
-		// written; the next round sees the new record.
+		// written; the next round sees the new record. Not so for a claim
+		// this pool gives its pods back to whatever its record says: no
+		// round here would see that record, and giving the pod back is
+		// what settling it does
+		// (TestRegressionSettleForAClaimThatLeftThePoolGoesThrough).
 		if n := rvNum(base.GetResourceVersion()); n == 0 || n > w.ci.recRV {
 			held := baseRec.Held()
 			for _, name := range w.settled {
@@ -672,6 +676,21 @@ func (r *round) staleMark(w *write, name string, rd *podGet) {
 		w.marks = make(map[string]liveMark)
 	}
 	w.marks[name] = live
+}
+
+// givenUp reports whether the pool gives back what ci holds here whatever
+// ci's record says (queueOrphans): ci is not in the listing, and live (as
+// read, live) it is in another pool (WithClaimPool) or, without
+// WithClaimPool, it has been missing from the listing for the quarantine.
+func (r *round) givenUp(ci *claimInfo, live client.Object) bool {
+	if ci.listed || live == nil {
+		return false
+	}
+	if r.a.cfg.claimPool != nil {
+		return r.left(ci, liveClaim{obj: live})
+	}
+	since := ci.since()
+	return !since.IsZero() && !r.now.Before(since.Add(r.a.cfg.quarantine))
 }
 
 // definite reports whether err proves the write did not land.

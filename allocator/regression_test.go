@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -1705,5 +1706,92 @@ func TestRegressionPodOfAGoneClaimStaysWithItsNewHolder(t *testing.T) {
 			require.Equal(t, []string{"p-0"}, recordOn(t, c, "y").Held())
 			require.NoError(t, allocator.CheckInvariants(a))
 		})
+	}
+}
+
+// A pod marked for a claim by a hand-out that lost its race is settled by
+// an allocator whose listing lags: a record of the claim newer than the
+// mark omits it. Meanwhile another allocator handed the pod to the claim
+// again, and the claim then moved to another pool. The settle's write,
+// read live, met the newer record listing the pod and was refused as a
+// stale decision (TestRegressionSettleDoesNotUndoANewerHandOut) so that
+// the next round could see that record; but the claim no longer is in this
+// pool's listing, so no round ever did, and the pool wrote a recycle fence
+// and was refused again every round, its pods never given back (liveness,
+// found by the many-allocator machine). A claim missing from the listing
+// for the quarantine has its pods here given back whatever its record says
+// (queueOrphans): settling the pod for it is that same outcome.
+func TestRegressionSettleForAClaimThatLeftThePoolGoesThrough(t *testing.T) {
+	for _, withPool := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with-claim-pool", false: "missing-for-the-quarantine"}[withPool], func(t *testing.T) {
+			settleForAClaimThatLeft(t, withPool)
+		})
+	}
+}
+
+func settleForAClaimThatLeft(t *testing.T, withPool bool) {
+	f := newFixture(t)
+	p1, p2 := f.pool("p1", 1), f.pool("p2", 2)
+	f.claim("x", "p2", 1)
+	a0 := f.alloc()
+	require.Equal(t, []string{"p2-0"}, grantsTo(f.round(a0, p2), "x"))
+	mark := "x/" + string(f.get("x").UID)
+	setMark := func(v string) {
+		t.Helper()
+		require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			pod := f.getPod("p2-1")
+			if v == "" {
+				delete(pod.Annotations, allocator.DefaultPodMarkKey)
+			} else {
+				if pod.Annotations == nil {
+					pod.Annotations = map[string]string{}
+				}
+				pod.Annotations[allocator.DefaultPodMarkKey] = v
+			}
+			return f.c.Update(f.ctx, pod)
+		}))
+	}
+
+	// Another allocator marks p2-1 for x; its record write loses. x then
+	// changes (its record still without p2-1): newer than the mark.
+	setMark(mark)
+	f.scale("x", 2)
+	lagging, err := world.Input(f.ctx, f.c, p2)
+	require.NoError(t, err)
+
+	// That allocator hands p2-1 to x again (unmarked, marked, recorded);
+	// x then moves to p1.
+	setMark("")
+	setMark(mark)
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c := f.get("x")
+		v, err := syncer.EncodePods([]string{"p2-0", "p2-1"})
+		require.NoError(t, err)
+		c.Annotations[f.keys.Allocated] = v
+		return f.c.Update(f.ctx, c)
+	}))
+	f.movePool("x", "p1")
+
+	clk := newFakeClock()
+	opts := []allocator.Option{allocator.WithClock(clk)}
+	if withPool {
+		opts = append(opts, allocator.WithClaimPool(claimPoolRef))
+	}
+	a := f.alloc(opts...)
+	_, _ = a.Round(f.ctx, lagging) // settles p2-1 on x's older record
+	var res2 allocator.Result
+	for i := range 4 {
+		clk.Step(allocator.DefaultQuarantine + time.Second)
+		res2, err = world.Round(f.ctx, a, f.c, p2)
+		if i > 0 {
+			require.NoError(t, err, "round %d of p2", i)
+		}
+		_, err = world.Round(f.ctx, a, f.c, p1)
+		require.NoError(t, err, "round %d of p1", i)
+	}
+	require.ElementsMatch(t, []string{"p2-0", "p2-1"}, res2.Idle, "x's pods of p2 are given back")
+	require.Equal(t, []string{"p1-0"}, f.held("x"))
+	for _, name := range []string{"p2-0", "p2-1"} {
+		require.Empty(t, f.getPod(name).Annotations[allocator.DefaultPodMarkKey], "%s is unmarked", name)
 	}
 }
