@@ -760,6 +760,8 @@ func (r *round) confirmClaims() {
 // confirmed takes in the live reads of claims whose records list unmarked
 // pods, and acts on the entries the live record still lists.
 func (r *round) confirmed(jobs []*confirmJob) {
+	var stale []staleUnmarked
+	defer func() { r.unmarkedRead(stale) }()
 	for _, j := range jobs {
 		var held []string
 		err := j.read.err
@@ -796,7 +798,18 @@ func (r *round) confirmed(jobs []*confirmJob) {
 		var taken []string
 		for _, name := range j.names {
 			if pi := r.p.heldPod(j.ci, name); pi != nil && pi.present && pi.mark == "" {
-				r.lostMark(j.ci, pi, slices.Contains(held, name))
+				listed := slices.Contains(held, name)
+				if listed && rvNum(pi.rv) < rvNum(j.read.obj.GetResourceVersion()) {
+					// The record read is newer than the pod as known: a
+					// record lists a pod only once its mark names the
+					// claim, so the pod may have been marked for it
+					// since (given back and handed to it again, seen on
+					// a lagging listing in between). It is read live
+					// before it is taken to have lost its mark.
+					stale = append(stale, staleUnmarked{j.ci, pi})
+					continue
+				}
+				r.lostMark(j.ci, pi, listed)
 				continue
 			}
 			if slices.Contains(held, name) && slices.Contains(j.ci.strays(), name) && r.p.heldPod(j.ci, name) == nil &&
@@ -806,6 +819,45 @@ func (r *round) confirmed(jobs []*confirmJob) {
 		}
 		if len(taken) > 0 {
 			r.setStrays(j.ci, slices.DeleteFunc(slices.Clone(j.ci.strays()), func(n string) bool { return slices.Contains(taken, n) }))
+		}
+	}
+}
+
+// staleUnmarked is a pod held by ci, unmarked as known, that ci's record
+// read live lists and is newer than.
+type staleUnmarked struct {
+	ci *claimInfo
+	pi *podInfo
+}
+
+// unmarkedRead reads the stale pods live and decides on them as known
+// then: still unmarked, each has lost its mark (lostMark); marked, its
+// mark is looked at again. A pod whose read fails stays as it is, held,
+// until a later round.
+func (r *round) unmarkedRead(stale []staleUnmarked) {
+	if len(stale) == 0 {
+		return
+	}
+	names := make([]string, len(stale))
+	for i, s := range stale {
+		names[i] = s.pi.name()
+	}
+	for i, rd := range r.readPods(names) {
+		s := stale[i]
+		switch {
+		case apierrors.IsNotFound(rd.err):
+			r.podGone(s.pi.name(), s.pi)
+		case rd.err != nil:
+			r.errs = append(r.errs, fmt.Errorf("pool %s: pod %s: %w: %w", r.p.name, s.pi.name(), ErrRead, rd.err))
+			continue
+		default:
+			r.observePod(&rd.pod)
+		}
+		switch now := r.p.pods.Get(s.pi.name()); {
+		case now == s.pi && s.pi.present && s.pi.mark == "" && r.p.holderOf(s.pi) == s.ci:
+			r.lostMark(s.ci, s.pi, true)
+		case now != nil:
+			r.resolveMark(now)
 		}
 	}
 }

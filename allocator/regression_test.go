@@ -1795,3 +1795,81 @@ func settleForAClaimThatLeft(t *testing.T, withPool bool) {
 		require.Empty(t, f.getPod(name).Annotations[allocator.DefaultPodMarkKey], "%s is unmarked", name)
 	}
 }
+
+// An allocator holds a pod for a claim. Another allocator gives the pod
+// back and hands it to the claim again (its record lists it, its mark names
+// it). The first allocator's pod listing lags and shows the pod between
+// the two, unmarked; the claim read live lists it, so the allocator took
+// the pod to have lost its mark by hand, of uncertain use, and recycled it
+// out of the claim's record: the claim lost a pod it held and wanted (I7,
+// found by the many-allocator machine). A record lists a pod only once its
+// mark names the claim, so a record newer than the pod as known proves
+// nothing about the mark: the pod is read live first.
+func TestRegressionUnmarkedOnALaggingListingIsReadBeforeRecycling(t *testing.T) {
+	ctx := context.Background()
+	c, pool, cl := regressionPool(t, 2, 1)
+	var recycled []string
+	var mu sync.Mutex
+	a, err := allocator.New(c, allocator.WithRecycler(func(_ context.Context, req allocator.RecycleRequest) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		recycled = append(recycled, req.Pod)
+		return true, nil
+	}))
+	require.NoError(t, err)
+	// Another allocator handed the pod out; this one learns of it.
+	a0, err := allocator.New(c)
+	require.NoError(t, err)
+	held := firstRound(t, a0, c, pool).Allocated[0].Pods
+	require.Len(t, held, 1)
+	name := held[0]
+	_, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	keys := syncer.DefaultKeys()
+	edit := func(obj client.Object, change func()) {
+		t.Helper()
+		require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				return err
+			}
+			change()
+			return c.Update(ctx, obj)
+		}))
+	}
+	encode := func(pods ...string) string {
+		v, err := syncer.EncodePods(pods)
+		require.NoError(t, err)
+		return v
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+
+	// The other allocator: released, unmarked ...
+	edit(cl, func() {
+		cl.Annotations[keys.Allocated] = encode()
+		cl.Annotations[keys.Released] = encode(name)
+	})
+	edit(pod, func() { delete(pod.Annotations, allocator.DefaultPodMarkKey) })
+	between, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	// ... then marked and recorded again.
+	edit(pod, func() { pod.Annotations = map[string]string{allocator.DefaultPodMarkKey: "c/uid-c"} })
+	edit(cl, func() {
+		cl.Annotations[keys.Allocated] = encode(name)
+		cl.Annotations[keys.Released] = encode()
+	})
+
+	fresh, err := world.Input(ctx, c, pool)
+	require.NoError(t, err)
+	for _, in := range []allocator.Input{{Pool: pool, Pods: between.Pods, Claims: fresh.Claims}, between, fresh} {
+		_, _ = a.Round(ctx, in)
+		require.Equal(t, []string{name}, recordOn(t, c, "c").Held(), "c keeps the pod handed to it again")
+	}
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Empty(t, res.Released)
+	require.Equal(t, []string{name}, recordOn(t, c, "c").Held())
+	mu.Lock()
+	require.Empty(t, recycled, "the pod the claim holds is not recycled")
+	mu.Unlock()
+	require.NoError(t, allocator.CheckInvariants(a))
+}
