@@ -155,7 +155,8 @@ type Result struct {
 	// demand of its live claims. Pods on their way to a claim (reserved by
 	// a hand-out whose write had an unknown outcome or may still be in
 	// flight) are not in it: they exist, and go to the claim or back to
-	// the pool. A gang waiting for such pods to settle is the exception:
+	// the pool. Such a pod that is terminating, finished or missing is in
+	// it: it never serves, wherever it goes. A gang waiting for such pods to settle is the exception:
 	// all it lacks is counted, though idle pods may serve it once they
 	// have settled.
 	Shortfall int

@@ -881,7 +881,8 @@ func (m *machine) ownerRelease(t *rapid.T) {
 			cands = append(cands, other)
 		}
 	}
-	for p := range c.Held {
+	// In a fixed order, so that a kept history replays draw for draw.
+	for _, p := range slices.Sorted(maps.Keys(c.Held)) {
 		cands = append(cands, p, p) // favour the pods it holds
 	}
 	var pods []string
@@ -977,6 +978,14 @@ func (m *machine) podReadiness(t *rapid.T) {
 	m.must(m.b.raw.Get(m.ctx, key, &pod), "get pod")
 	m.must(testenv.SetPodReady(m.ctx, m.b.raw, &pod, ready), "set readiness")
 	m.m.SetReady(key, allocator.PodReady(&pod))
+	// The pod's new version re-dates its mark: marked for a claim whose
+	// record does not list it (a release of unknown outcome that landed),
+	// it is reserved for that claim for a quarantine, as a hand-out that
+	// may be in flight, and is not in the shortfall meanwhile (see
+	// markedNotHeld). A terminating one is (deletePod).
+	if m.podMarkedNotHeld(key) {
+		m.unsettled[m.m.Pods[key].Pool] = m.clock.Now()
+	}
 	t.Logf("pod %s ready=%t", key, ready)
 }
 
@@ -1254,22 +1263,29 @@ func (m *machine) restart(t *rapid.T) {
 // markedNotHeld reports whether a pod of pool is marked for a claim (with
 // pod marks) whose record does not hold it.
 func (m *machine) markedNotHeld(pool types.NamespacedName) bool {
-	if !m.marks {
-		return false
-	}
 	for key, pod := range m.m.Pods {
-		if pod.Pool != pool || !pod.Exists {
-			continue
-		}
-		uid := m.markOf(key.Namespace, key.Name)
-		if uid == "" {
-			continue
-		}
-		if c := m.m.Claims[types.UID(uid)]; c == nil || !c.Held[key.Name] {
+		if pod.Pool == pool && m.podMarkedNotHeld(key) {
 			return true
 		}
 	}
 	return false
+}
+
+// podMarkedNotHeld reports whether the pod exists, marked for a claim whose
+// record does not list it held.
+func (m *machine) podMarkedNotHeld(key model.Key) bool {
+	if !m.marks {
+		return false
+	}
+	if pod := m.m.Pods[key]; pod == nil || !pod.Exists {
+		return false
+	}
+	uid := m.markOf(key.Namespace, key.Name)
+	if uid == "" {
+		return false
+	}
+	c := m.m.Claims[types.UID(uid)]
+	return c == nil || !c.Held[key.Name]
 }
 
 // markOf returns the claim UID the pod's mark names on the server, "" if

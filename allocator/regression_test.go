@@ -1005,6 +1005,52 @@ func TestRegressionLandedReleaseIsNotRecycledAgain(t *testing.T) {
 	}
 }
 
+// A claim's owner released two of its pods and the release write landed
+// with an unknown outcome; one of those pods then began terminating, which
+// re-dated its unchanged mark past the record that released it. The next
+// round reserves that pod for the claim (a hand-out giving it back may be
+// in flight), so it counts against the claim's demand, but it can never
+// serve: it was left out of the shortfall too, and the pool was told to
+// create one pod fewer than the claim lacks (the single-allocator machine,
+// I3).
+func TestRegressionTerminatingReservedPodStaysInTheShortfall(t *testing.T) {
+	ctx := context.Background()
+	var l landedThenFails
+	c, pool, cl := regressionPoolOn(t, l.client(t), 3, 4)
+	rec := &onceRecycler{}
+	a, err := allocator.New(c, allocator.WithRecycler(rec.recycle))
+	require.NoError(t, err)
+	res, err := world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Shortfall, "three pods for a claim of four")
+
+	// The pod to terminate holds a finalizer, so that deleting it leaves
+	// it listed, terminating, at a newer version.
+	var p2 corev1.Pod
+	require.NoError(t, c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "p-2"}, &p2))
+	p2.Finalizers = append(p2.Finalizers, "test.poolalloc.io/hold")
+	require.NoError(t, c.Update(ctx, &p2))
+	require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+	v, err := syncer.EncodePods([]string{"p-0", "p-2"})
+	require.NoError(t, err)
+	cl.Annotations[syncer.DefaultKeys().Release] = v
+	require.NoError(t, c.Update(ctx, cl))
+	l.arm.Store(true)
+	_, err = world.Round(ctx, a, c, pool)
+	require.ErrorIs(t, err, allocator.ErrWrite)
+	require.Equal(t, []string{"p-1"}, recordOn(t, c, "c").Held(), "the release landed")
+	require.NoError(t, c.Delete(ctx, &p2))
+
+	res, err = world.Round(ctx, a, c, pool)
+	require.NoError(t, err)
+	require.NoError(t, allocator.CheckInvariants(a))
+	held, err := a.Store().Held(pool, "uid-c")
+	require.NoError(t, err)
+	require.Equal(t, []string{"p-1"}, held)
+	require.Equal(t, 4-len(held), res.Shortfall, "the shortfall is all the claim lacks: the terminating pod reserved for it never serves")
+	require.Equal(t, map[string]int{"": 4 - len(held)}, res.ShortfallByClass)
+}
+
 // Without pod marks the next write of a claim is made from what the
 // allocator holds. A terminating claim's release write landed with an
 // unknown outcome, then a write based on a stale listing conflicted: its

@@ -903,26 +903,29 @@ func (r *round) reservationsByClaim() map[*claimInfo][]*podInfo {
 	return out
 }
 
-// reservedFor counts the pods reserved for ci.
-func (r *round) reservedFor(ci *claimInfo) int {
-	n := 0
+// reservedFor counts the pods reserved for ci, and of those the ones that
+// will never serve (terminating, finished or missing).
+func (r *round) reservedFor(ci *claimInfo) (n, ending int) {
 	for pi := range r.p.reserved {
 		if pi.reservedBy() == ci {
 			n++
+			if pi.ending || !pi.present {
+				ending++
+			}
 		}
 	}
-	return n
+	return n, ending
 }
 
 // pendingStrays counts the entries of ci's record that it does not hold
 // yet but whose pod is marked for it: a pod waiting under its name for an
 // older pod to be settled, say. Like reserved pods they may become ci's,
-// so they count against what it wants beyond what it holds.
-func (r *round) pendingStrays(ci *claimInfo) int {
+// so they count against what it wants beyond what it holds. ending counts
+// those terminating or finished.
+func (r *round) pendingStrays(ci *claimInfo) (n, ending int) {
 	if !r.marks() {
-		return 0
+		return 0, 0
 	}
-	n := 0
 	for _, name := range ci.strays() {
 		pi := r.p.pods.Get(name)
 		if pi != nil && !pi.present {
@@ -930,9 +933,12 @@ func (r *round) pendingStrays(ci *claimInfo) int {
 		}
 		if pi != nil && pi.present && pi.reservedBy() != ci && pi.markUID(r.p.name) == ci.uid() && r.p.holderOf(pi) != ci {
 			n++
+			if pi.ending {
+				ending++
+			}
 		}
 	}
-	return n
+	return n, ending
 }
 
 // settleReservations decides, pod by pod, whether writes of unknown
@@ -1169,8 +1175,15 @@ func (r *round) plan() (algorithm.Action, error) {
 		// pod it holds: the hand-out may never land.
 		// Nor are they in the shortfall: they exist, and go to the claim
 		// or back to the pool; a pod created for them would stay idle
-		// (Result.Shortfall is what the pool must create).
-		pending := r.reservedFor(ci) + r.pendingStrays(ci)
+		// (Result.Shortfall is what the pool must create). Except those
+		// terminating, finished or missing: they never serve, wherever
+		// they go, so a pod must be created for them either way (found by
+		// the machine: a terminating pod whose mark a newer pod version
+		// re-dated, reserved for the claim whose landed record released
+		// it, hid one pod of the claim's demand from the shortfall).
+		nr, er := r.reservedFor(ci)
+		ns, es := r.pendingStrays(ci)
+		pending, ending := nr+ns, er+es
 		reserved := min(max(0, want-keep), pending)
 		want -= reserved
 		pl := r.placementOf(ci)
@@ -1239,7 +1252,8 @@ func (r *round) plan() (algorithm.Action, error) {
 			r.addShortfall(ci, back)
 			want -= back
 		}
-		if extra := min(pending-reserved, max(0, want-(keep-len(release)))); extra > 0 {
+		extra := min(pending-reserved, max(0, want-(keep-len(release))))
+		if extra > 0 {
 			// The pods it gives back are replaced too: pods on their way
 			// to it count against those replacements as well, or the
 			// claim would end up with both (found by the machine: a
@@ -1247,6 +1261,12 @@ func (r *round) plan() (algorithm.Action, error) {
 			// replacement for a released one). They are not in the
 			// shortfall either.
 			want -= extra
+		}
+		// The pods on their way counted against its demand that will
+		// never serve are in the shortfall: those beyond the ones that
+		// may.
+		if dead := reserved + extra - min(reserved+extra, pending-ending); dead > 0 {
+			r.addShortfall(ci, dead)
 		}
 		if keep == want && len(release) == 0 && lost == 0 {
 			continue
