@@ -1265,7 +1265,7 @@ func (r *round) plan() (algorithm.Action, error) {
 		// The pods on their way counted against its demand that will
 		// never serve are in the shortfall: those beyond the ones that
 		// may.
-		if dead := reserved + extra - min(reserved+extra, pending-ending); dead > 0 {
+		if dead := reserved + extra - (pending - ending); dead > 0 {
 			r.addShortfall(ci, dead)
 		}
 		if keep == want && len(release) == 0 && lost == 0 {
