@@ -56,6 +56,7 @@ type write struct {
 	gone    bool          // the claim no longer exists
 	unknown bool          // the write may or may not have landed
 	landed  bool          // it landed, as a live read showed; obj is not set
+	wrote   bool          // rec is stored: the write succeeded, or landed
 	err     error
 }
 
@@ -286,7 +287,8 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 					continue
 				}
 				mine := pi != nil && pi.markUID(r.p.name) == ci.uid()
-				if pi != nil && (pi.mark == "" || r.p.overruled(pi, ci)) && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid() {
+				awaiting := pi != nil && (pi.mark == "" || r.p.overruled(pi, ci)) && r.p.holderOf(pi) == ci && r.p.tomark[name] == ci.uid()
+				if awaiting {
 					// Listed without a mark (a record from before pod
 					// marks) and held until it is marked and recycled:
 					// dropping it would free a pod of uncertain use.
@@ -302,7 +304,10 @@ func (r *round) desired(w *write, baseRec *syncer.Record, releaseOK, own bool) (
 				}
 				if live, ok := w.marks[name]; ok {
 					h, _ := parseMark(r.p.name, live.mark)
-					mine = h.UID == ci.uid()
+					// Read live as known (the same pod, its mark not
+					// written yet), a pod awaiting its mark stays: its
+					// mark is tried again next round.
+					mine = h.UID == ci.uid() || awaiting && live.is(pi) && r.p.markString(live.mark) == pi.mark
 				}
 				if _, ok := gone[name]; !ok && mine && (pi == nil || pi.settling() == nil) {
 					allocated = append(allocated, name)
@@ -565,7 +570,7 @@ func (r *round) wrote(w *write, c *recordWrite) {
 		return
 	}
 	if err == nil {
-		w.obj, w.rec = obj, rec
+		w.obj, w.rec, w.wrote = obj, rec, true
 		return
 	}
 	if apierrors.IsNotFound(err) {
@@ -582,7 +587,7 @@ func (r *round) wrote(w *write, c *recordWrite) {
 	if rb := c.readBack; rb != nil && rb.err == nil {
 		w.fresh = rb.obj
 		if got, rerr := r.a.cfg.syncer.Read(rb.obj); rerr == nil && slices.Equal(sortedCopy(got.Held()), sortedCopy(rec.Held())) {
-			w.rec, w.err, w.landed = rec, nil, true
+			w.rec, w.err, w.landed, w.wrote = rec, nil, true, true
 			return
 		}
 	}
@@ -649,12 +654,17 @@ func (r *round) staleMarks(ci *claimInfo, base client.Object, baseRec *syncer.Re
 	return out
 }
 
-// liveMark is a pod's mark as read live, and the UID of the pod read
-// (empty if there was none).
+// liveMark is a pod's mark as read live, and the UID of the pod read;
+// found is false if there was none.
 type liveMark struct {
-	mark string
-	uid  types.UID
+	mark  string
+	uid   types.UID
+	found bool
 }
+
+// is reports whether the pod read is pi, not none or another pod under
+// its name.
+func (l liveMark) is(pi *podInfo) bool { return l.found && l.uid == pi.uid() }
 
 // staleMark takes in rd, a live read of the pod named name (see
 // staleMarks): w decides on the mark of the pod under the name now, which
@@ -665,7 +675,7 @@ func (r *round) staleMark(w *write, name string, rd *podGet) {
 	var live liveMark
 	switch {
 	case rd.err == nil:
-		live = liveMark{mark: rd.pod.Annotations[r.a.cfg.markKey], uid: rd.pod.UID}
+		live = liveMark{mark: rd.pod.Annotations[r.a.cfg.markKey], uid: rd.pod.UID, found: true}
 	case !apierrors.IsNotFound(rd.err):
 		if !w.skip {
 			w.err, w.skip = fmt.Errorf("read pod %s, which its record lists: %w", name, rd.err), true
@@ -825,7 +835,7 @@ func (r *round) apply(w *write) {
 						// Only a read of the pod listed tells its mark (the
 						// pod under the name may be a newer one).
 						live := w.marks[name]
-						if h, ok := parseMark(p.name, live.mark); ok && h.UID == ci.uid() && live.uid == pi.uid() {
+						if h, ok := parseMark(p.name, live.mark); ok && h.UID == ci.uid() && live.is(pi) {
 							pi.mark, pi.markOwn, pi.markRV = p.markString(live.mark), false, max(pi.markRV, fence)
 							if r.allocate(ci, name) {
 								continue
@@ -865,6 +875,9 @@ func (r *round) apply(w *write) {
 		if len(w.done) > 0 {
 			r.res.Released = append(r.res.Released, algorithm.Grant{UID: ci.uid(), Claim: ci.name(), Pods: w.done})
 		}
+		if r.marks() && w.wrote {
+			r.letGoUnrecorded(w)
+		}
 		for _, name := range w.adopt {
 			p.endActive(p.pods.Get(name))
 		}
@@ -887,6 +900,43 @@ func (r *round) apply(w *write) {
 		ci.rewrite = false
 		if w.obj != nil {
 			ci.unsettled = false
+		}
+	}
+}
+
+// letGoUnrecorded brings the store in line with w's record, stored (pod
+// marks): a pod the claim holds here (held or lost; a recycling pod ends
+// through its release) that the record no longer lists was left out on
+// what its mark says, most often as read live (staleMarks): the pod is
+// gone, another pod is under its name, or it is marked for another claim.
+// Such a pod is let go as a newer record's omission lets it go (takeIn): a
+// pod still marked for the claim is settled for it, one the live read
+// shows gone or not the claim's is dropped, and an unmarked one is
+// recycled first (I13). Left held, it would count for the claim while no
+// record lists it, and the claim would never be handed its replacement
+// (TestRegressionRefusedMigrationMarkKeepsStoreAndRecordAlike).
+func (r *round) letGoUnrecorded(w *write) {
+	ci := w.ci
+	held := sortedCopy(w.rec.Held())
+	var omitted []*podInfo
+	for _, pi := range r.p.held(ci) {
+		name := pi.name()
+		if _, ok := slices.BinarySearch(held, name); ok || pi.recycling() ||
+			slices.Contains(w.add, name) || slices.Contains(w.adopt, name) {
+			continue
+		}
+		omitted = append(omitted, pi)
+	}
+	for _, pi := range omitted {
+		live, read := w.marks[pi.name()]
+		switch {
+		case read && (!live.is(pi) || live.mark != "" && r.p.markString(live.mark) != pi.mark):
+			// Gone, another pod under its name, or marked anew since.
+			r.drop(ci, pi)
+		case pi.present && pi.mark == "":
+			r.startRecycling(ci, pi)
+		default:
+			r.toSettle(ci, pi)
 		}
 	}
 }

@@ -1088,3 +1088,104 @@ func TestRegressionUnmarkedLostPodStaysInItsRecord(t *testing.T) {
 		require.Contains(t, rec.Held(), x)
 	})
 }
+
+// A record from before pod marks lists pod x, and under
+// WithPodMarkMigration x's mark is refused (x changed since the listing the
+// round runs on) in a round that also writes the claim's record (it wants
+// one more pod). The write reads x live, since x as known is older than the
+// record. Still there and unmarked ("unchanged"), x stays in the record, to
+// be marked on the next round; gone ("deleted", between the refused mark
+// and the read), x leaves the record, and the store lets it go with it, so
+// the claim is handed a replacement. Before, the first case dropped from
+// the record a pod the claim held, and in both the store went on holding a
+// pod that no record listed: counted for the claim, it kept the claim one
+// pod short for ever, with no shortfall reported (liveness, found by the
+// many-allocator machine).
+func TestRegressionRefusedMigrationMarkKeepsStoreAndRecordAlike(t *testing.T) {
+	for _, tc := range []string{"unchanged", "deleted"} {
+		t.Run(tc, func(t *testing.T) {
+			onBoth(t, func(t *testing.T, c client.Client, ns string) {
+				ctx := context.Background()
+				pool, _ := poolIn(t, c, ns, 3)
+				cl := newClaimIn(t, c, ns, "c", 1)
+				old, err := allocator.New(c, allocator.WithPodMarks(false))
+				require.NoError(t, err)
+				res, err := world.Round(ctx, old, c, pool)
+				require.NoError(t, err)
+				require.Len(t, grantsTo(res, "c"), 1)
+				x := grantsTo(res, "c")[0]
+
+				require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(cl), cl))
+				cl.Spec.Replicas = 2
+				require.NoError(t, c.Update(ctx, cl))
+				// x is touched just after the new allocator first reads it
+				// live (its mark then fails), and, in "deleted", deleted
+				// just before the read that follows.
+				reader := &changingPodReader{Reader: c, c: c, victim: types.NamespacedName{Namespace: ns, Name: x}, delete: tc == "deleted"}
+				a, err := allocator.New(c, allocator.WithPodMarkMigration(true), allocator.WithAPIReader(reader))
+				require.NoError(t, err)
+				_, err = world.Round(ctx, a, c, pool)
+				require.True(t, apierrors.IsConflict(err), "the mark of %s is refused: %v", x, err)
+				require.NoError(t, allocator.CheckInvariants(a))
+				require.GreaterOrEqual(t, reader.reads.Load(), int32(2), "%s is read live again after its mark failed", x)
+				if tc == "deleted" {
+					require.NotContains(t, recordIn(t, c, ns, "c").Held(), x, "the gone %s leaves the record", x)
+				} else {
+					require.Contains(t, recordIn(t, c, ns, "c").Held(), x, "%s, unchanged, stays in the record", x)
+				}
+
+				for i := range 3 {
+					res, err = world.Round(ctx, a, c, pool)
+					require.NoError(t, err)
+					require.NoError(t, allocator.CheckInvariants(a))
+					rec := recordIn(t, c, ns, "c")
+					for _, l := range res.Lost {
+						require.Contains(t, rec.Held(), l.Pod, "round %d: the pod reported lost for %s is in its record", i, l.Claim.Name)
+					}
+				}
+				rec := recordIn(t, c, ns, "c")
+				require.Len(t, rec.Held(), 2, "c holds two pods")
+				require.Empty(t, res.Lost)
+				require.Zero(t, res.Shortfall)
+				marks := podMarks(t, c, ns, "p")
+				for _, name := range rec.Held() {
+					require.Equal(t, "c/"+string(cl.UID), marks[name], "%s, in c's record, is marked for c", name)
+				}
+				if tc == "unchanged" {
+					require.Contains(t, rec.Held(), x)
+				}
+			})
+		})
+	}
+}
+
+// changingPodReader is a client.Reader that changes pod victim (through
+// c) just after its first live read of it, and, with delete, deletes it
+// just before the second.
+type changingPodReader struct {
+	client.Reader
+	c      client.Client
+	victim types.NamespacedName
+	delete bool
+	reads  atomic.Int32
+}
+
+func (r *changingPodReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	pod, isPod := obj.(*corev1.Pod)
+	if !isPod || key != r.victim {
+		return r.Reader.Get(ctx, key, obj, opts...)
+	}
+	n := r.reads.Add(1)
+	if n == 2 && r.delete {
+		victim := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+		if err := r.c.Delete(ctx, victim, client.GracePeriodSeconds(0)); err != nil {
+			return err
+		}
+	}
+	if err := r.Reader.Get(ctx, key, obj, opts...); err != nil || n != 1 {
+		return err
+	}
+	touched := pod.DeepCopy()
+	touched.Labels["touched"] = "yes"
+	return r.c.Update(ctx, touched)
+}
